@@ -1,0 +1,233 @@
+"""A decoder-only GPT, readable top to bottom.
+
+    tokens -> token embedding + positional embedding -> dropout
+           -> n_layer x Block( x + attn(ln_1(x)); x + mlp(ln_2(x)) )
+           -> final LayerNorm -> LM head (tied to the token embedding) -> logits
+
+No Hydra and no file I/O here: the model is built from a plain `GPTConfig` so it can be used
+from a notebook, a test or another framework.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt.errors import TinyGPTError
+
+ATTENTION_IMPLS = ("sdpa", "manual")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 65
+    block_size: int = 64  # longest context the model can attend over
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
+    attention: str = "sdpa"  # "sdpa" (fused/flash kernels) or "manual" (explicit math)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise TinyGPTError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise TinyGPTError(
+                f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
+                f"pick n_embd as a multiple of n_head (e.g. model.n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise TinyGPTError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise TinyGPTError(
+                f"model.attention={self.attention!r} is unknown; use one of {', '.join(ATTENTION_IMPLS)}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        """Build from a mapping, ignoring keys that are not GPTConfig fields (e.g. a preset `name`)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention where position t only attends to positions <= t."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_dim = config.n_embd // config.n_head
+        self.impl = config.attention
+        self.dropout = config.dropout
+        # Q=XWq, K=XWk, V=XWv computed as one matmul with the three weights stacked.
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        if self.impl == "manual":
+            # Lower-triangular mask; a buffer so it follows .to(device), not saved in checkpoints.
+            mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+            self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # Split channels into heads: (B, T, C) -> (B, n_head, T, head_dim).
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:
+            y = self._manual_attention(q, k, v)
+
+        # Concatenate heads back: (B, n_head, T, head_dim) -> (B, T, C).
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def _manual_attention(self, q, k, v) -> torch.Tensor:
+        """A = softmax(QK^T / sqrt(d_k)) with future positions masked out; output A V."""
+        T = q.size(-2)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
+        weights = self.attn_dropout(F.softmax(scores, dim=-1))
+        return weights @ v
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: expand 4x, GELU, project back."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: normalise, transform, add back to the residual stream."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying: the input embedding and the output projection share one matrix, which
+        # saves vocab_size * n_embd parameters and trains better for small models.
+        self.lm_head.weight = self.transformer.wte.weight
+
+        self.apply(self._init_weights)
+        # GPT-2: scale residual projections by 1/sqrt(2 * n_layer) so the residual stream's
+        # variance does not grow with depth (two residual additions per block).
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy loss
+        against `targets` (B, T), or None when no targets are given."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            # Upcast: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy.
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count; tied weights count once. `non_embedding` drops the position table
+        (the token table stays: it is also the LM head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token, as in the PaLM paper's appendix:
+        6 per weight, plus 12 * n_layer * n_embd * T for the attention score/value matmuls."""
+        c = self.config
+        T = seq_len or c.block_size
+        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * T
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Append `max_new_tokens` sampled tokens to idx (B, T). temperature 0 means greedy."""
+        for _ in range(max_new_tokens):
+            # Only the last block_size tokens fit the positional table.
+            context = idx[:, -self.config.block_size :]
+            logits, _ = self(context)
+            logits = logits[:, -1, :].float()
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None and top_k < logits.size(-1):
+                    kth = torch.topk(logits, top_k).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = F.softmax(logits, dim=-1)
+                next_id = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx

@@ -1,0 +1,26 @@
+"""Sample text from a trained GPT: `python sample.py [run_dir=...|ckpt=...] [prompt=...]`.
+
+By default it uses the best checkpoint of the most recent run under outputs/.
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from gpt.cli import check_group_choices, guard
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="sample")
+def main(cfg: DictConfig) -> None:
+    from gpt.config import sample_settings
+    from gpt.sampling import sample
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    guard(lambda: sample(plain, sample_settings(plain)))
+
+
+if __name__ == "__main__":
+    check_group_choices(sys.argv[1:], Path(__file__).resolve().parent / "configs")
+    main()

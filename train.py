@@ -1,0 +1,24 @@
+"""Train a GPT: `python train.py [key=value ...]`, or a sweep with `python train.py -m ...`.
+
+All the work happens in gpt.trainer; this file only turns the Hydra config into a plain dict.
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from gpt.cli import check_group_choices, guard
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> float:
+    from gpt.trainer import train  # imported here so `--help` and config errors stay fast
+
+    return guard(lambda: train(OmegaConf.to_container(cfg, resolve=True)))
+
+
+if __name__ == "__main__":
+    check_group_choices(sys.argv[1:], Path(__file__).resolve().parent / "configs")
+    main()
