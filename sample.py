@@ -9,7 +9,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gpt.cli import check_group_choices, guard
+from gpt.cli import guard, preflight, take_verbatim
+
+PROMPT = None  # set from the command line below
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")
@@ -18,9 +20,13 @@ def main(cfg: DictConfig) -> None:
     from gpt.sampling import sample
 
     plain = OmegaConf.to_container(cfg, resolve=True)
+    if PROMPT is not None:
+        plain["prompt"] = PROMPT
     guard(lambda: sample(plain, sample_settings(plain)))
 
 
 if __name__ == "__main__":
-    check_group_choices(sys.argv[1:], Path(__file__).resolve().parent / "configs")
+    # The prompt is free text, taken as typed rather than parsed as a Hydra override.
+    sys.argv[1:], PROMPT = take_verbatim(sys.argv[1:], "prompt")
+    preflight(sys.argv[1:], Path(__file__).resolve().parent / "configs")
     main()

@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gpt.cli import check_group_choices, guard
+from gpt.cli import preflight, guard
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
@@ -20,5 +20,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    check_group_choices(sys.argv[1:], Path(__file__).resolve().parent / "configs")
+    preflight(sys.argv[1:], Path(__file__).resolve().parent / "configs")
     main()

@@ -58,6 +58,15 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     return ckpt
 
 
+def ensure_fresh_run_dir(run_dir: Path) -> None:
+    """A new run never trains into (and so never overwrites) an earlier run's directory."""
+    if any((Path(run_dir) / CKPT_DIR).glob("*.pt")):
+        raise TinyGPTError(
+            f"{run_dir} already holds a trained run; leave it as is and train into a new directory "
+            f"(omit hydra.run.dir, or give it a new path)"
+        )
+
+
 def checkpoint_in_run(run_dir: Path) -> Path:
     """best.pt of a run directory, falling back to last.pt."""
     for name in (BEST, LAST):

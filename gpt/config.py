@@ -54,6 +54,7 @@ class SampleSettings:
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.max_new_tokens < 1:

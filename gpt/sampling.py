@@ -63,8 +63,10 @@ def sample(cfg: dict, s: SampleSettings, print_fn=print) -> list[str]:
     """Entry point of sample.py: find the checkpoint, rebuild model + tokenizer, print samples."""
     ckpt_path = checkpoint.resolve(s.ckpt, s.run_dir, cfg["paths"]["runs_dir"])
     prompt = read_prompt(s)
-    rt = runtime.setup(s.device, s.dtype, compile=False)
+    rt = runtime.setup(s.device, s.dtype, s.compile)
     model, tokenizer, ckpt = load_model(ckpt_path, rt.device)
+    if rt.compile:
+        model.compile()  # in place, so model.generate's own forward calls run compiled
     print_fn(f"sampling from {ckpt_path} (step {ckpt.get('step', '?')}, val loss {ckpt.get('best_val_loss', float('nan')):.4f}; {rt.describe()})")
     texts = generate_text(
         model, tokenizer, prompt, s.num_samples, s.max_new_tokens, s.temperature, s.top_k, s.seed, rt.autocast()

@@ -65,15 +65,6 @@ def estimate_loss(model, data: Dataset, ts: TrainSettings, block_size: int, rt, 
     return out
 
 
-def _refuse_existing_run(out_dir: Path) -> None:
-    ckpts = out_dir / checkpoint.CKPT_DIR
-    if any(ckpts.glob("*.pt")):
-        raise TinyGPTError(
-            f"{out_dir} already holds a trained run; leave it as is and train into a new directory "
-            f"(omit hydra.run.dir, or give it a new path)"
-        )
-
-
 def train(cfg: dict) -> float:
     ensure_console_logging()
     log = logger.info
@@ -82,7 +73,7 @@ def train(cfg: dict) -> float:
     # --- validate everything cheap first -------------------------------------------------
     ts = train_settings(cfg)
     out_dir = Path(cfg["paths"]["output_dir"])
-    _refuse_existing_run(out_dir)
+    checkpoint.ensure_fresh_run_dir(out_dir)
     # Check the model shape now (the vocabulary comes from the data later) so a typo fails in
     # a second instead of after the data is downloaded and prepared.
     GPTConfig.from_dict({**cfg["model"], "vocab_size": cfg["model"].get("vocab_size") or 1})

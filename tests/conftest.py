@@ -1,0 +1,62 @@
+"""Shared fixtures. Run the suite with `pytest` from the repository root (`pytest -m "not slow"`
+skips the end-to-end runs)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+# A tiny model and run that every end-to-end test can afford on 2 CPU cores.
+TINY_RUN = [
+    "model=gpt-nano",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=16",
+    "model.block_size=16",
+    "train.max_iters=20",
+    "train.batch_size=4",
+    "train.eval_interval=10",
+    "train.eval_iters=2",
+    "train.log_interval=5",
+    "train.sample_tokens=20",
+]
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A data root holding tinyshakespeare/input.txt, and the overrides that make the config
+    accept it. Uses the real corpus from ../shared when present, else a generated stand-in
+    (whose checksum the overrides supply)."""
+    root = tmp_path_factory.mktemp("data")
+    dest = root / "tinyshakespeare" / "input.txt"
+    dest.parent.mkdir(parents=True)
+    if SHARED_TEXT.is_file():
+        dest.write_bytes(SHARED_TEXT.read_bytes())
+        return root, []
+    lines = [f"CITIZEN {i % 7}:\nWe are accounted poor citizens, the patricians good {i}.\n\n" for i in range(4000)]
+    dest.write_text("".join(lines), encoding="utf-8")
+    sha = hashlib.sha256(dest.read_bytes()).hexdigest()
+    return root, [f"data.source.sha256={sha}"]
+
+
+def run_script(script: str, args: list[str], cwd: Path, data_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

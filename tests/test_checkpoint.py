@@ -1,0 +1,85 @@
+"""Checkpoints: atomic save, safe load, compiled-model keys, run discovery.
+Run: pytest tests/test_checkpoint.py"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import pytest
+import torch
+
+from gpt import checkpoint
+from gpt.errors import TinyGPTError
+from gpt.model import GPT, GPTConfig
+
+
+def _payload(model):
+    return {"model": model.state_dict(), "model_config": model.config.to_dict(), "tokenizer": {"kind": "char", "chars": list("ab")}, "step": 3}
+
+
+def test_round_trip_and_version(tmp_path):
+    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
+    checkpoint.save(tmp_path / "c.pt", _payload(model))
+    ckpt = checkpoint.load(tmp_path / "c.pt")
+    assert ckpt["step"] == 3 and "tinygpt_version" in ckpt
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in model.state_dict().items())
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left over
+
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
+    checkpoint.save(tmp_path / "c.pt", _payload(model))
+    good = (tmp_path / "c.pt").read_bytes()
+
+    def crash(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path / "c.pt", _payload(model))
+    assert (tmp_path / "c.pt").read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        pickle.dump({"model": {}, "model_config": _Exploit()}, f, protocol=2)
+    with pytest.raises(TinyGPTError, match="cannot load checkpoint"):
+        checkpoint.load(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_compiled_prefix_is_stripped(tmp_path):
+    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
+    old_style = _payload(model)
+    old_style["model"] = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    torch.save(old_style, tmp_path / "old.pt")
+    fresh = GPT(model.config)
+    fresh.load_state_dict(checkpoint.load(tmp_path / "old.pt")["model"])
+
+
+def test_latest_run_and_resolution(tmp_path):
+    with pytest.raises(TinyGPTError, match="no trained run found"):
+        checkpoint.latest_run(tmp_path)
+    for name in ("runs/a", "sweeps/s/0", "runs/b"):
+        d = tmp_path / name / checkpoint.CKPT_DIR
+        d.mkdir(parents=True)
+        (d / checkpoint.LAST).write_bytes(b"x")
+        time.sleep(0.01)
+    (tmp_path / "runs" / "c").mkdir()  # a run that failed before its first checkpoint
+    assert checkpoint.latest_run(tmp_path) == tmp_path / "runs" / "b"
+    assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/last.pt"
+    with pytest.raises(TinyGPTError, match="holds no checkpoint"):
+        checkpoint.resolve(None, str(tmp_path / "runs" / "c"), tmp_path)
+    with pytest.raises(TinyGPTError, match="does not exist"):
+        checkpoint.resolve(str(tmp_path / "nope.pt"), None, tmp_path)

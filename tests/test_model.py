@@ -1,0 +1,118 @@
+"""Model behaviour: shapes, causality, attention paths, weight tying, init, parameter counts.
+Run: pytest tests/test_model.py"""
+
+import math
+
+import pytest
+import torch
+
+from gpt.errors import TinyGPTError
+from gpt.model import GPT, GPTConfig
+
+
+def tiny(**kw) -> GPTConfig:
+    base = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+    return GPTConfig(**{**base, **kw})
+
+
+def test_forward_shapes_and_loss():
+    model = GPT(tiny())
+    idx = torch.randint(0, 64, (3, 10))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 10, 64) and loss is None
+    logits, loss = model(idx, idx)
+    assert loss.ndim == 0
+    # At init the prediction is near uniform, so the loss is close to ln(vocab).
+    assert abs(loss.item() - math.log(64)) < 0.3
+
+
+def test_sequence_longer_than_block_is_rejected():
+    with pytest.raises(ValueError, match="block_size"):
+        GPT(tiny())(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_causality(attention):
+    model = GPT(tiny(attention=attention)).eval()
+    idx = torch.randint(0, 64, (2, 16))
+    changed = idx.clone()
+    t = 7
+    changed[:, t + 1] = (changed[:, t + 1] + 1) % 64
+    a, _ = model(idx)
+    b, _ = model(changed)
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])  # past positions untouched
+    assert not torch.allclose(a[:, t + 1], b[:, t + 1])  # the changed position does differ
+
+
+def test_manual_attention_matches_sdpa():
+    torch.manual_seed(1)
+    sdpa = GPT(tiny(attention="sdpa")).eval()
+    manual = GPT(tiny(attention="manual")).eval()
+    manual.load_state_dict(sdpa.state_dict())
+    idx = torch.randint(0, 64, (4, 16))
+    diff = (sdpa(idx)[0] - manual(idx)[0]).abs().max().item()
+    assert diff <= 1e-5
+
+
+def test_lm_head_is_tied_to_token_embedding():
+    model = GPT(tiny())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    # the shared matrix is counted once
+    with_duplicates = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    assert model.num_params() == with_duplicates - 64 * 16
+
+
+def test_gpt2_init_scales_residual_projections():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=8, n_head=4, n_embd=256))
+    proj = model.transformer.h[0].mlp.c_proj.weight.std().item()
+    fc = model.transformer.h[0].mlp.c_fc.weight.std().item()
+    assert abs(fc - 0.02) < 0.002
+    assert abs(proj - 0.02 / math.sqrt(16)) < 0.001
+
+
+def test_flops_per_token():
+    model = GPT(tiny())
+    n = model.num_params(non_embedding=True)
+    assert model.flops_per_token(16) == 6 * n + 12 * 2 * 16 * 16
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(n_embd=30, n_head=4), "not divisible"),
+        (dict(attention="flash3"), "attention"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(n_layer=0), "n_layer"),
+    ],
+)
+def test_invalid_config(kw, match):
+    with pytest.raises(TinyGPTError, match=match):
+        tiny(**kw)
+
+
+def test_overfits_one_batch():
+    torch.manual_seed(0)
+    model = GPT(tiny(n_embd=32, n_head=4))
+    x = torch.randint(0, 64, (4, 16))
+    y = torch.roll(x, -1, dims=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+def test_generate_extends_and_greedy_is_deterministic():
+    model = GPT(tiny()).eval()
+    idx = torch.randint(0, 64, (2, 5))
+    out1 = model.generate(idx, 30, temperature=0)  # longer than block_size: window slides
+    out2 = model.generate(idx, 30, temperature=0)
+    assert out1.shape == (2, 35) and torch.equal(out1[:, :5], idx) and torch.equal(out1, out2)
+    g1 = torch.Generator().manual_seed(3)
+    g2 = torch.Generator().manual_seed(3)
+    s1 = model.generate(idx, 10, temperature=1.0, top_k=5, generator=g1)
+    s2 = model.generate(idx, 10, temperature=1.0, top_k=5, generator=g2)
+    assert torch.equal(s1, s2)
