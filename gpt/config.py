@@ -1,22 +1,53 @@
 """Typed views of the composed Hydra config, validated before any heavy work starts.
 
 The entry points hand over a plain dict (resolved once at the boundary); nothing below this
-module sees OmegaConf.
+module sees OmegaConf. Each section becomes a dataclass whose fields are type-checked, so a
+value like `optim.lr=abc` is a one-line error rather than a traceback deep in the loop.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, fields
 
 from gpt.errors import TinyGPTError
+
+_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _key(section: str, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def check_types(obj, section: str) -> None:
+    """Check (and, int -> float, coerce) every field of a settings dataclass against its type."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, hint = getattr(obj, f.name), hints[f.name]
+        allowed = typing.get_args(hint) or (hint,)  # `int | None` -> (int, NoneType)
+        if value is None and type(None) in allowed:
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            setattr(obj, f.name, float(value))
+            continue
+        # bool is a subclass of int; `n_layer=true` is a mistake, not 1.
+        if not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in allowed if t is not type(None)):
+            want = " or ".join(_NAMES.get(t, "null" if t is type(None) else t.__name__) for t in allowed)
+            raise TinyGPTError(f"{_key(section, f.name)} must be {want}, got {value!r}")
 
 
 def _take(cls, section: str, d: dict):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise TinyGPTError(f"unknown key(s) {', '.join(section + '.' + k for k in unknown)}; known: {', '.join(sorted(known))}")
+        raise TinyGPTError(f"unknown key(s) {', '.join(_key(section, k) for k in unknown)}; known: {', '.join(sorted(known))}")
     return cls(**d)
+
+
+def _positive(obj, section: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(obj, name) < 1:
+            raise TinyGPTError(f"{_key(section, name)} must be a positive integer, got {getattr(obj, name)!r}")
 
 
 @dataclass
@@ -31,14 +62,36 @@ class TrainSettings:
     sample_tokens: int = 200  # length of the sample printed when training ends (0: none)
 
     def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise TinyGPTError(f"train.{name} must be a positive integer, got {value!r}")
+        check_types(self, "train")
+        _positive(self, "train", ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"))
         if self.grad_clip < 0:
             raise TinyGPTError(f"train.grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
         if self.sample_tokens < 0:
             raise TinyGPTError(f"train.sample_tokens must be >= 0, got {self.sample_tokens}")
+
+
+@dataclass
+class OptimSettings:
+    name: str = "adamw"
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    warmup_iters: int = 100
+    decay_iters: int = 2000
+
+    def __post_init__(self) -> None:
+        check_types(self, "optim")
+        if self.name != "adamw":
+            raise TinyGPTError(f"optim.name={self.name!r} is not supported; use optim=adamw")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise TinyGPTError(f"need 0 <= optim.min_lr <= optim.lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise TinyGPTError(f"optim.beta1 and optim.beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if self.warmup_iters < 0 or self.decay_iters < 1:
+            raise TinyGPTError("optim.warmup_iters must be >= 0 and optim.decay_iters >= 1")
 
 
 @dataclass
@@ -51,24 +104,33 @@ class SampleSettings:
     max_new_tokens: int = 500
     temperature: float = 0.8
     top_k: int | None = 200
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    stop: list | None = None
+    stop_at_eot: bool = True
     seed: int = 1337
+    kv_cache: bool = True
+    stream: bool = True
+    out_file: str | None = None
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_samples < 1 or self.max_new_tokens < 1:
-            raise TinyGPTError("num_samples and max_new_tokens must be positive integers")
-        if self.temperature < 0:
-            raise TinyGPTError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")
+        check_types(self, "")
+        _positive(self, "", ("num_samples", "max_new_tokens"))
+        self.stop = [str(x) for x in (self.stop or [])]  # the ranges are checked by SamplingConfig
 
 
 def train_settings(cfg: dict) -> TrainSettings:
     return _take(TrainSettings, "train", cfg.get("train", {}))
 
 
+def optim_settings(cfg: dict) -> OptimSettings:
+    return _take(OptimSettings, "optim", cfg.get("optim", {}))
+
+
 def sample_settings(cfg: dict) -> SampleSettings:
-    keys = {f.name for f in fields(SampleSettings)}
-    return _take(SampleSettings, "sample", {k: v for k, v in cfg.items() if k in keys})
+    """sample.yaml is flat: its top-level keys, less the `paths` group, are the settings."""
+    return _take(SampleSettings, "", {k: v for k, v in cfg.items() if k != "paths"})

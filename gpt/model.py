@@ -36,8 +36,12 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TinyGPTError(f"model.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool):
+            raise TinyGPTError(f"model.dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.bias, bool):
+            raise TinyGPTError(f"model.bias must be true or false, got {self.bias!r}")
         if self.n_embd % self.n_head:
             raise TinyGPTError(
                 f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
@@ -52,19 +56,52 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Build from a mapping, ignoring keys that are not GPTConfig fields (e.g. a preset `name`)."""
+        """Build from a mapping such as a model preset; its `name` is a label, not a field."""
         known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known - {"name"})
+        if unknown:
+            raise TinyGPTError(f"unknown model setting(s) {', '.join('model.' + k for k in unknown)}; known: {', '.join(sorted(known))}")
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+class KVCache:
+    """Keys and values of positions already processed, so that generating the next token costs
+    one position's work instead of the whole context's.
+
+    One (B, n_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype the
+    layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
+    the number of padding columns in front of row b, which no query ever attends to.
+    """
+
+    def __init__(self, n_layer: int, max_len: int, pad: torch.Tensor):
+        self.max_len = max_len
+        self.pad = pad  # (B,) long
+        self.min_pad = int(pad.min())
+        self.length = 0  # columns filled so far
+        self.k: list[torch.Tensor | None] = [None] * n_layer
+        self.v: list[torch.Tensor | None] = [None] * n_layer
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys/values at the current columns; return all columns so far."""
+        if self.k[layer] is None:
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            self.v[layer] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        end = self.length + k.size(2)
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head attention where position t only attends to positions <= t."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx  # which KV-cache slot is ours
         self.n_head = config.n_head
         self.head_dim = config.n_embd // config.n_head
         self.impl = config.attention
@@ -79,30 +116,41 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x: (B, T, C). Without a cache, attention is plainly causal over x. With one, x holds
+        the new positions only, and `mask` (B, 1, T, columns so far) says what each may see."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # Split channels into heads: (B, T, C) -> (B, n_head, T, head_dim).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.store(self.layer_idx, k, v)
 
         if self.impl == "sdpa":
             y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+                q, k, v,
+                attn_mask=mask,
+                is_causal=mask is None,
+                dropout_p=self.dropout if self.training else 0.0,
             )
         else:
-            y = self._manual_attention(q, k, v)
+            y = self._manual_attention(q, k, v, mask)
 
         # Concatenate heads back: (B, n_head, T, head_dim) -> (B, T, C).
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def _manual_attention(self, q, k, v) -> torch.Tensor:
+    def _manual_attention(self, q, k, v, mask=None) -> torch.Tensor:
         """A = softmax(QK^T / sqrt(d_k)) with future positions masked out; output A V."""
         T = q.size(-2)
+        if mask is None:
+            mask = self.causal_mask[:T, :T]
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
+        scores = scores.masked_fill(~mask, float("-inf"))
         weights = self.attn_dropout(F.softmax(scores, dim=-1))
         return weights @ v
 
@@ -124,15 +172,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: normalise, transform, add back to the residual stream."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -146,7 +194,7 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
@@ -172,23 +220,49 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy loss
-        against `targets` (B, T), or None when no targets are given."""
+        against `targets` (B, T), or None when no targets are given.
+
+        With a `cache`, idx holds only the positions after those already cached, and the cache
+        advances by T (see `KVCache`); that is how generation runs one token at a time."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        mask = None
+        if cache is None:
+            if T > self.config.block_size:
+                raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+            pos = torch.arange(T, device=idx.device)
+        else:
+            pos, mask = self._cached_positions(cache, T, idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, cache, mask)
+        if cache is not None:
+            cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:
             # Upcast: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy.
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def _cached_positions(self, cache: KVCache, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids (B, T) and attention mask (B, 1, T, columns) for T new columns.
+
+        Row b's first real token sits at column pad[b] and gets position 0. A query at column c
+        sees columns pad[b]..c; a padding query sees only itself (its output is never used, but
+        a row with nothing to attend to would turn into NaNs)."""
+        start = cache.length
+        if start + T > cache.max_len or start + T - cache.min_pad > self.config.block_size:
+            raise ValueError(f"KV cache holds {start} columns; {T} more exceed its size or block_size")
+        q_col = torch.arange(start, start + T, device=device)
+        k_col = torch.arange(start + T, device=device)
+        pad = cache.pad.to(device)
+        pos = (q_col[None, :] - pad[:, None]).clamp(min=0)
+        visible = (k_col[None, None, :] <= q_col[None, :, None]) & (k_col[None, None, :] >= pad[:, None, None])
+        visible |= k_col[None, None, :] == q_col[None, :, None]
+        return pos, visible[:, None]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; tied weights count once. `non_embedding` drops the position table
@@ -204,30 +278,3 @@ class GPT(nn.Module):
         c = self.config
         T = seq_len or c.block_size
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * T
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Append `max_new_tokens` sampled tokens to idx (B, T). temperature 0 means greedy."""
-        for _ in range(max_new_tokens):
-            # Only the last block_size tokens fit the positional table.
-            context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
-            logits = logits[:, -1, :].float()
-            if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None and top_k < logits.size(-1):
-                    kth = torch.topk(logits, top_k).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                next_id = torch.multinomial(probs, num_samples=1, generator=generator)
-            idx = torch.cat((idx, next_id), dim=1)
-        return idx

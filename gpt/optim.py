@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gpt.errors import TinyGPTError
+from gpt.config import OptimSettings
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -24,18 +24,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, optim_cfg: dict, device: torch.device) -> torch.optim.Optimizer:
-    name = optim_cfg.get("name", "adamw")
-    if name != "adamw":
-        raise TinyGPTError(f"optim.name={name!r} is not supported; use optim=adamw")
+def build_optimizer(model: nn.Module, settings: OptimSettings, device: torch.device) -> torch.optim.Optimizer:
     # The fused kernel does the whole update in one launch; only CUDA has it everywhere.
-    fused = device.type == "cuda"
     return torch.optim.AdamW(
-        param_groups(model, float(optim_cfg["weight_decay"])),
-        lr=float(optim_cfg["lr"]),
-        betas=(float(optim_cfg["beta1"]), float(optim_cfg["beta2"])),
-        eps=float(optim_cfg.get("eps", 1e-8)),
-        fused=fused,
+        param_groups(model, settings.weight_decay),
+        lr=settings.lr,
+        betas=(settings.beta1, settings.beta2),
+        eps=settings.eps,
+        fused=device.type == "cuda",
     )
 
 
@@ -48,11 +44,12 @@ class CosineSchedule:
     warmup_iters: int
     decay_iters: int
 
-    def __post_init__(self) -> None:
-        if self.warmup_iters < 0 or self.decay_iters < 1:
-            raise TinyGPTError("optim.warmup_iters must be >= 0 and optim.decay_iters >= 1")
-        if self.min_lr > self.lr:
-            raise TinyGPTError(f"optim.min_lr={self.min_lr} exceeds optim.lr={self.lr}; set min_lr <= lr")
+    @classmethod
+    def from_settings(cls, s: OptimSettings) -> "CosineSchedule":
+        # A warmup as long as the whole schedule (a 20-step smoke run of a recipe that warms up
+        # for 100) would never reach the peak: warm up for a tenth of the schedule instead.
+        warmup = s.warmup_iters if s.warmup_iters < s.decay_iters else s.decay_iters // 10
+        return cls(lr=s.lr, min_lr=s.min_lr, warmup_iters=warmup, decay_iters=s.decay_iters)
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_iters:

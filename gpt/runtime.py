@@ -46,7 +46,9 @@ def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
         if _mps_available():
             return torch.device("mps"), "device mps (Apple GPU), auto-detected"
         return torch.device("cpu"), "device cpu (no CUDA or MPS found)"
-    kind = requested.split(":")[0]
+    kind, _, index = requested.partition(":")
+    if index and not index.isdigit():
+        raise TinyGPTError(f"device={requested!r} is malformed; use cuda:N with a GPU number, e.g. device=cuda:0")
     if kind == "cuda" and not torch.cuda.is_available():
         raise TinyGPTError("device=cuda was requested but this machine has no usable CUDA GPU; use device=auto or device=cpu")
     if kind == "mps" and not _mps_available():
@@ -62,20 +64,23 @@ def pick_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dty
             raise TinyGPTError(f"dtype={requested!r} is unknown; use auto, float32, bfloat16 or float16")
         return _DTYPES[requested], f"dtype {requested} (forced by config)"
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            major, minor = torch.cuda.get_device_capability(device)
+        # Native bf16 arrived with Ampere (SM 80); older GPUs only emulate it, slowly.
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) >= (8, 0):
             return torch.bfloat16, f"dtype bfloat16 autocast (SM {major}{minor} supports bf16)"
-        return torch.float16, "dtype float16 autocast + GradScaler (GPU lacks bf16)"
+        return torch.float16, f"dtype float16 autocast + GradScaler (SM {major}{minor} lacks native bf16)"
     # CPUs without native bf16 emulate it slowly, and MPS autocast is still patchy: stay in fp32.
     return torch.float32, f"dtype float32 (default on {device.type})"
 
 
 def pick_compile(device: torch.device, requested: str | bool = "auto") -> tuple[bool, str]:
+    if requested not in ("auto", True, False):
+        raise TinyGPTError(f"compile={requested!r} is not understood; use compile=auto, compile=true or compile=false")
     if requested == "auto":
         on = device.type == "cuda"
         why = "on for CUDA" if on else f"off on {device.type}: compile time outweighs the gain for small runs"
         return on, f"compile {why}"
-    return bool(requested), f"compile {'on' if requested else 'off'} (forced by config)"
+    return bool(requested), f"compile {'on' if requested else 'off'} (set in config)"
 
 
 def setup(device: str = "auto", dtype: str = "auto", compile: str | bool = "auto") -> Runtime:

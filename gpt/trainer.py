@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from gpt import checkpoint, runtime
-from gpt.config import TrainSettings, train_settings
+from gpt.config import TrainSettings, optim_settings, train_settings
 from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.optim import CosineSchedule, build_optimizer
-from gpt.sampling import generate_text
+from gpt.generation import SamplingConfig, generate
 from gpt.tracking import TensorBoardTracker, ensure_console_logging, logger
 
 
@@ -77,12 +77,8 @@ def train(cfg: dict) -> float:
     # Check the model shape now (the vocabulary comes from the data later) so a typo fails in
     # a second instead of after the data is downloaded and prepared.
     GPTConfig.from_dict({**cfg["model"], "vocab_size": cfg["model"].get("vocab_size") or 1})
-    schedule = CosineSchedule(
-        lr=float(cfg["optim"]["lr"]),
-        min_lr=float(cfg["optim"]["min_lr"]),
-        warmup_iters=int(cfg["optim"]["warmup_iters"]),
-        decay_iters=int(cfg["optim"]["decay_iters"]),
-    )
+    optim = optim_settings(cfg)
+    schedule = CosineSchedule.from_settings(optim)
     rt = runtime.setup(cfg["device"], cfg["dtype"], cfg["compile"])
     log(rt.describe())
     runtime.seed_everything(cfg["seed"])
@@ -94,7 +90,7 @@ def train(cfg: dict) -> float:
     log(f"data {data.name}: {len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.tokenizer.vocab_size}")
 
     model = GPT(mcfg).to(rt.device)
-    optimizer = build_optimizer(model, cfg["optim"], rt.device)
+    optimizer = build_optimizer(model, optim, rt.device)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
     step_model = torch.compile(model) if rt.compile else model
     tokens_per_step = ts.batch_size * mcfg.block_size * ts.grad_accum_steps
@@ -168,7 +164,9 @@ def train(cfg: dict) -> float:
 
         # --- wrap up ---------------------------------------------------------------------------
         if ts.sample_tokens:
-            text = generate_text(model, data.tokenizer, "\n", 1, ts.sample_tokens, 0.8, 200, cfg["seed"], rt.autocast())[0]
+            with rt.autocast():
+                sampling = SamplingConfig(max_new_tokens=ts.sample_tokens, temperature=0.8, top_k=200, seed=cfg["seed"])
+                text = generate(model, data.tokenizer, [""], sampling)[0][0]
             tracker.text("sample", text, ts.max_iters)
             log(f"---------- sample at step {ts.max_iters} ----------\n{text}\n" + "-" * 42)
     finally:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpt.errors import TinyGPTError
-from gpt.model import GPT, GPTConfig
+from gpt.model import GPT, GPTConfig, KVCache
 
 
 def tiny(**kw) -> GPTConfig:
@@ -105,14 +105,25 @@ def test_overfits_one_batch():
     assert loss.item() < 0.05
 
 
-def test_generate_extends_and_greedy_is_deterministic():
+def test_kv_cache_prefill_and_steps_match_full_forward():
     model = GPT(tiny()).eval()
-    idx = torch.randint(0, 64, (2, 5))
-    out1 = model.generate(idx, 30, temperature=0)  # longer than block_size: window slides
-    out2 = model.generate(idx, 30, temperature=0)
-    assert out1.shape == (2, 35) and torch.equal(out1[:, :5], idx) and torch.equal(out1, out2)
-    g1 = torch.Generator().manual_seed(3)
-    g2 = torch.Generator().manual_seed(3)
-    s1 = model.generate(idx, 10, temperature=1.0, top_k=5, generator=g1)
-    s2 = model.generate(idx, 10, temperature=1.0, top_k=5, generator=g2)
-    assert torch.equal(s1, s2)
+    idx = torch.randint(0, 64, (2, 12))
+    full, _ = model(idx)
+    cache = KVCache(n_layer=2, max_len=16, pad=torch.zeros(2, dtype=torch.long))
+    first, _ = model(idx[:, :7], cache=cache)
+    rest = [model(idx[:, t : t + 1], cache=cache)[0] for t in range(7, 12)]
+    stepped = torch.cat([first, *rest], dim=1)
+    assert cache.length == 12
+    assert (stepped - full).abs().max().item() < 1e-5
+
+
+def test_left_padding_is_invisible():
+    """A left-padded row gives the logits it would give alone (pad tokens are masked out and
+    positions start at its first real token)."""
+    model = GPT(tiny(attention="manual")).eval()
+    short = torch.randint(0, 64, (1, 5))
+    alone, _ = model(short)
+    padded = torch.cat([torch.full((1, 3), 7), short], dim=1)
+    cache = KVCache(n_layer=2, max_len=8, pad=torch.tensor([3]))
+    batched, _ = model(padded, cache=cache)
+    assert (batched[:, 3:] - alone).abs().max().item() < 1e-5

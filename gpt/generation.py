@@ -1,0 +1,272 @@
+"""Autoregressive generation with a KV cache and the usual sampling controls.
+
+No I/O and no Hydra: token-level decoding (`Decoder`) and text-level helpers (`generate`,
+`stream`) that the trainer, sample.py and notebooks share.
+
+Longer than the context: the model has a learned position table of block_size entries, so
+once prompt + generated text outgrow it, each new token is predicted from the last block_size
+tokens, re-encoded at positions 0..block_size-1 (exactly what generation without a cache
+does). The cache then cannot be reused, because every cached key was computed at a position
+that has since shifted; past that point each step recomputes the window.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from gpt.errors import TinyGPTError
+from gpt.model import GPT, KVCache
+
+logger = logging.getLogger("tinygpt")
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int | None = None  # keep the k most likely tokens
+    top_p: float | None = None  # keep the smallest set whose probability reaches p (nucleus)
+    min_p: float | None = None  # keep tokens with probability >= min_p * the top probability
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the sequence
+    stop: tuple[str, ...] = ()  # end a sample at the first of these strings (not included)
+    stop_at_eot: bool = True  # end a sample at the tokenizer's end-of-text token
+    seed: int = 1337
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        self.stop = tuple(self.stop or ())
+        if self.max_new_tokens < 1:
+            raise TinyGPTError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise TinyGPTError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise TinyGPTError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise TinyGPTError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise TinyGPTError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if any(s == "" for s in self.stop):
+            raise TinyGPTError("stop strings must not be empty")
+
+
+# --- turning logits into a choice --------------------------------------------------------------
+
+
+def filter_logits(logits: torch.Tensor, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    """Set the logits of tokens that top_k / top_p / min_p rule out to -inf. logits: (B, V)."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p on their own;
+        # the most likely token therefore always stays.
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if min_p is not None and min_p > 0:
+        probs = F.softmax(logits, dim=-1)
+        floor = min_p * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style repetition penalty: shrink positive logits of seen tokens, grow negative ones.
+    seen: (B, V) bool."""
+    if penalty == 1.0:
+        return logits
+    scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, scaled, logits)
+
+
+# --- token-level decoding ----------------------------------------------------------------------
+
+
+class Decoder:
+    """Decodes a batch of token prompts one step at a time.
+
+    Prompts may differ in length: they are left-padded into one batch, and the padding is masked
+    out of attention and position ids, so each row gets exactly the tokens it would get alone.
+    Each row samples from its own seeded generator (`seeds[b]`), for the same reason.
+    """
+
+    def __init__(self, model: GPT, prompts: list[list[int]], cfg: SamplingConfig, seeds: list[int]):
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.model, self.cfg = model, cfg
+        self.block_size = model.config.block_size
+        self.device = next(model.parameters()).device
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        self.pad = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
+        self.pad_min = width - max(lengths)  # 0: the longest prompt has no padding
+        rows = [[0] * (width - len(p)) + list(p) for p in prompts]
+        self.tokens = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, columns so far)
+        self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        self.cache: KVCache | None = None
+        self.offset = 0  # column of self.tokens where the cache's column 0 sits
+        self.vocab = model.config.vocab_size
+        self.seen = torch.zeros(len(prompts), self.vocab, dtype=torch.bool, device=self.device)
+        if cfg.repetition_penalty != 1.0:
+            for b, p in enumerate(prompts):
+                self.seen[b, torch.tensor(p, device=self.device)] = True
+
+    def _next_logits(self) -> torch.Tensor:
+        width = self.tokens.size(1)
+        cache = self.cache
+        if self.cfg.use_cache and cache is not None and width - self.offset <= cache.max_len:
+            # Only the columns the cache has not seen yet (after the first step: one).
+            logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache)
+        else:
+            # Encode a window from scratch: everything, or once the longest row outgrows the
+            # context, its last block_size tokens (shorter rows keep their padding in front).
+            longest = width - self.pad_min
+            self.offset = width - self.block_size if longest > self.block_size else 0
+            window = self.tokens[:, self.offset :]
+            pad = (self.pad - self.offset).clamp(min=0)
+            # The longest row fills the context at block_size + its padding columns.
+            room = self.block_size + int(pad.min()) if self.cfg.use_cache else window.size(1)
+            self.cache = KVCache(self.model.config.n_layer, room, pad)
+            logits, _ = self.model(window, cache=self.cache)
+        return logits[:, -1, :].float()
+
+    @torch.no_grad()
+    def step(self, vocab_limit: int | None = None) -> torch.Tensor:
+        """Choose and append the next token of every row; returns them, shape (B,)."""
+        logits = self._next_logits()
+        if vocab_limit is not None and vocab_limit < logits.size(-1):
+            # A model may have more output ids than its tokenizer (padded vocab): never pick those.
+            logits[:, vocab_limit:] = float("-inf")
+        logits = penalize_repeats(logits, self.seen, self.cfg.repetition_penalty)
+        if self.cfg.temperature == 0:
+            next_ids = logits.argmax(dim=-1)
+        else:
+            logits = filter_logits(logits / self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.min_p)
+            probs = F.softmax(logits, dim=-1)
+            next_ids = torch.cat(
+                [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)]
+            )
+        self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
+        self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
+        return next_ids
+
+
+# --- text level --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    ids: list[int] = field(default_factory=list)
+    emitted: str = ""  # text yielded so far
+    done: bool = False
+
+
+def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
+    """Tokens for a prompt. An empty prompt starts from end-of-text (or a newline when the
+    tokenizer has no such token); a prompt longer than the context keeps its last block_size
+    tokens, with a notice."""
+    if prompt == "":
+        eot = getattr(tokenizer, "eot_id", None)
+        if eot is not None:
+            return [eot]
+        try:
+            return tokenizer.encode("\n")
+        except TinyGPTError:
+            raise TinyGPTError("the prompt is empty and this tokenizer has no end-of-text token or newline; give a prompt") from None
+    ids = tokenizer.encode(prompt)
+    if len(ids) > block_size:
+        logger.warning(f"notice: the prompt has {len(ids)} tokens; the model sees only the last {block_size} (its context)")
+        ids = ids[-block_size:]
+    return ids
+
+
+def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingConfig, num_samples: int) -> Iterator[tuple[int, str]]:
+    """Yield (row, new text) pieces as rows progress. Row r is sample r % num_samples of prompt
+    r // num_samples and draws from seed cfg.seed + r % num_samples, so results do not depend
+    on how prompts are batched."""
+    block = model.config.block_size
+    encoded = [encode_prompt(tokenizer, p, block) for p in prompts]
+    row_prompts = [ids for ids in encoded for _ in range(num_samples)]
+    seeds = [cfg.seed + s for _ in encoded for s in range(num_samples)]
+    decoder = Decoder(model, row_prompts, cfg, seeds)
+    rows = [_Row() for _ in row_prompts]
+    eot = getattr(tokenizer, "eot_id", None) if cfg.stop_at_eot else None
+    longest_stop = max((len(s) for s in cfg.stop), default=0)
+
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(cfg.max_new_tokens):
+            next_ids = decoder.step(vocab_limit=tokenizer.vocab_size).tolist()
+            for r, (row, tok) in enumerate(zip(rows, next_ids)):
+                if row.done:
+                    continue
+                if tok == eot:
+                    row.done = True
+                    continue
+                row.ids.append(tok)
+                piece = _advance(row, _decode_safe(tokenizer, row.ids), cfg.stop)
+                if piece:
+                    yield r, piece
+            if all(row.done for row in rows):
+                break
+        for r, row in enumerate(rows):  # flush what was held back, now that nothing follows
+            if not row.done:
+                piece = tokenizer.decode(row.ids)[len(row.emitted):]
+                row.emitted += piece
+                if piece:
+                    yield r, piece
+    finally:
+        model.train(was_training)
+
+
+def _decode_safe(tokenizer, ids: list[int]) -> str:
+    """Decoded text of ids, holding back a trailing partial UTF-8 character (BPE tokenizers can
+    split one character over several tokens; decoding them one by one would show garbage)."""
+    text = tokenizer.decode(ids)
+    return text[:-1] if text.endswith("\ufffd") else text
+
+
+def _advance(row: _Row, full: str, stops: tuple[str, ...]) -> str:
+    """The next piece of row's text that can be shown, given its full decoded text so far.
+
+    Text that could be the start of a stop string is held back until it is decided, so shown
+    text never has to be taken back; a completed stop string ends the row (and is not shown).
+    Because of that, a stop string can only begin in the text not yet shown."""
+    pending = full[len(row.emitted):]
+    hits = [i for s in stops if (i := pending.find(s)) >= 0]
+    if hits:
+        piece, row.done = pending[: min(hits)], True
+    else:
+        hold = max((n for s in stops for n in range(len(s) - 1, 0, -1) if pending.endswith(s[:n])), default=0)
+        piece = pending[: len(pending) - hold]
+    row.emitted += piece
+    return piece
+
+
+@torch.no_grad()
+def generate(model: GPT, tokenizer, prompts: list[str], cfg: SamplingConfig, num_samples: int = 1) -> list[list[str]]:
+    """Continuations of each prompt: result[i][j] is sample j of prompts[i]."""
+    texts = [""] * (len(prompts) * num_samples)
+    for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples):
+        texts[r] += piece
+    return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+
+@torch.no_grad()
+def stream(model: GPT, tokenizer, prompt: str, cfg: SamplingConfig, sample_index: int = 0) -> Iterator[str]:
+    """Yield the continuation of one prompt piece by piece, as it is generated. Gives the same
+    text as sample `sample_index` of `generate` with the same config."""
+    cfg = SamplingConfig(**{**cfg.__dict__, "seed": cfg.seed + sample_index})
+    for _, piece in _generate_rows(model, tokenizer, [prompt], cfg, 1):
+        yield piece

@@ -1,0 +1,156 @@
+"""Generation: KV cache equivalence, sampling controls, stop strings, streaming, batching.
+Run: pytest tests/test_generation.py"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from gpt.errors import TinyGPTError
+from gpt.generation import Decoder, SamplingConfig, _advance, _decode_safe, _Row, filter_logits, generate, stream
+from gpt.model import GPT, GPTConfig
+from gpt.tokenizer import CharTokenizer
+
+ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _model(attention="sdpa", block_size=16, vocab=len(ALPHABET)) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=vocab, block_size=block_size, n_layer=2, n_head=2, n_embd=32, attention=attention)
+    return GPT(cfg).eval()
+
+
+def _tokens(model, prompts, use_cache, n=40, **kw):
+    cfg = SamplingConfig(max_new_tokens=n, use_cache=use_cache, **{"temperature": 0.0, **kw})
+    dec = Decoder(model, prompts, cfg, seeds=[cfg.seed] * len(prompts))
+    return torch.stack([dec.step() for _ in range(n)], dim=1)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+@pytest.mark.parametrize("prompt_len", [3, 16])  # shorter than and as long as the context
+def test_greedy_with_cache_equals_without(attention, prompt_len):
+    model = _model(attention)
+    prompt = torch.randint(0, len(ALPHABET), (prompt_len,)).tolist()
+    # 40 new tokens run far past block_size 16, through the sliding window.
+    assert torch.equal(_tokens(model, [prompt], True), _tokens(model, [prompt], False))
+
+
+def test_prompt_longer_than_context_keeps_its_tail(caplog):
+    model = _model()
+    tok = CharTokenizer(list(ALPHABET))
+    long_prompt = "to be or not to be, that is the question"
+    cfg = SamplingConfig(max_new_tokens=10, temperature=0.0)
+    with caplog.at_level(logging.WARNING, logger="tinygpt"):
+        out = generate(model, tok, [long_prompt], cfg)[0][0]
+    assert "sees only the last 16" in caplog.text
+    assert out == generate(model, tok, [long_prompt[-16:]], cfg)[0][0]
+
+
+def test_seeded_sampling_same_with_and_without_cache():
+    model = _model()
+    prompt = [1, 2, 3]
+    a = _tokens(model, [prompt], True, temperature=1.0, top_k=20, seed=5)
+    b = _tokens(model, [prompt], False, temperature=1.0, top_k=20, seed=5)
+    c = _tokens(model, [prompt], True, temperature=1.0, top_k=20, seed=6)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_top_k_one_is_greedy():
+    model = _model()
+    greedy = _tokens(model, [[4, 5]], True)
+    assert torch.equal(_tokens(model, [[4, 5]], True, temperature=1.3, top_k=1), greedy)
+
+
+def test_top_p_and_min_p_keep_exactly_the_right_tokens():
+    probs = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]])
+    logits = probs.log()
+    kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(filter_logits(logits, top_p=0.5)) == [0]  # 0.5 alone reaches 0.5
+    assert kept(filter_logits(logits, top_p=0.7)) == [0, 1]  # 0.5 + 0.2 reaches 0.7
+    assert kept(filter_logits(logits, top_p=0.71)) == [0, 1, 2]
+    assert kept(filter_logits(logits, top_p=1.0)) == [0, 1, 2, 3, 4]
+    assert kept(filter_logits(logits, min_p=0.3)) == [0, 1, 2]  # >= 0.15 = 0.3 * 0.5
+    assert kept(filter_logits(logits, min_p=0.31)) == [0, 1]
+    assert kept(filter_logits(logits, top_k=2)) == [0, 1]
+    shuffled = logits[:, [3, 0, 4, 2, 1]]  # order in the vocabulary must not matter
+    assert kept(filter_logits(shuffled, top_p=0.7)) == [1, 4]
+
+
+def test_stop_strings_cut_output_and_streaming_matches():
+    model = _model()
+    tok = CharTokenizer(list(ALPHABET))
+    base = SamplingConfig(max_new_tokens=60, temperature=1.0, seed=3)
+    full = generate(model, tok, ["the "], base)[0][0]
+    stop = full[20:22]  # a string the unconstrained sample contains
+    cut = generate(model, tok, ["the "], SamplingConfig(**{**base.__dict__, "stop": (stop,)}))[0][0]
+    assert cut == full[: full.index(stop)]
+    pieces = list(stream(model, tok, "the ", SamplingConfig(**{**base.__dict__, "stop": (stop,)})))
+    assert "".join(pieces) == cut and len(pieces) > 1
+
+
+def test_text_that_may_start_a_stop_string_is_held_back():
+    row = _Row()
+    assert _advance(row, "hello wo", ("world",)) == "hello "  # "wo" might begin "world"
+    assert _advance(row, "hello wax", ("world",)) == "wax"
+    row = _Row()
+    assert _advance(row, "a wor", ("world",)) == "a "
+    assert _advance(row, "a world!", ("world",)) == "" and row.done and row.emitted == "a "
+
+
+def test_partial_utf8_is_held_back():
+    class Bytes:
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    e_acute = list("é".encode())
+    assert _decode_safe(Bytes(), [104, e_acute[0]]) == "h"
+    assert _decode_safe(Bytes(), [104, *e_acute]) == "hé"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batch_of_prompts_equals_one_at_a_time(temperature):
+    model = _model()
+    tok = CharTokenizer(list(ALPHABET))
+    prompts = ["a", "what light through yonder", "to be or not"]
+    cfg = SamplingConfig(max_new_tokens=25, temperature=temperature, top_k=10, seed=11)
+    together = generate(model, tok, prompts, cfg, num_samples=2)
+    alone = [generate(model, tok, [p], cfg, num_samples=2)[0] for p in prompts]
+    assert together == alone
+    assert together[0][0] != together[0][1] or temperature == 0.0
+
+
+def test_empty_prompt_starts_from_newline():
+    model = _model()
+    tok = CharTokenizer(list(ALPHABET))
+    cfg = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    assert generate(model, tok, [""], cfg) == generate(model, tok, ["\n"], cfg)
+
+
+def test_padded_vocabulary_ids_are_never_sampled():
+    model = _model(vocab=len(ALPHABET) + 30)
+    with torch.no_grad():  # make the unused ids the most likely ones
+        model.lm_head.weight[len(ALPHABET):] *= 50
+    tok = CharTokenizer(list(ALPHABET))
+    text = generate(model, tok, ["abc"], SamplingConfig(max_new_tokens=30, temperature=1.0, top_k=None))[0][0]
+    assert len(text) == 30
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [(dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-0.1), "temperature"),
+     (dict(min_p=2.0), "min_p"), (dict(stop=("",)), "stop"), (dict(repetition_penalty=0), "repetition")],
+)
+def test_invalid_sampling_settings(kw, match):
+    with pytest.raises(TinyGPTError, match=match):
+        SamplingConfig(**kw)
+
+
+def test_repetition_penalty_changes_greedy_choice():
+    model = _model()
+    plain = _tokens(model, [[1, 2, 3]], True, n=30)
+    penalised = _tokens(model, [[1, 2, 3]], True, n=30, repetition_penalty=5.0)
+    assert not torch.equal(plain, penalised)
+    # a strong penalty makes the greedy sequence avoid repeats for a while
+    assert len(set(penalised[0, :10].tolist())) >= len(set(plain[0, :10].tolist()))
