@@ -1,13 +1,16 @@
-"""Checkpoints: atomic save, safe load, and finding the run to sample from.
+"""Checkpoints: atomic save, safe load, retention, and finding runs to resume or sample from.
 
-A checkpoint is a dict of tensors and plain Python values. It carries everything needed to
-rebuild the model and its tokenizer, and it is loaded with `weights_only=True`: data, never code.
+A run directory holds `checkpoints/ckpt-<step>.pt` (full training state, the newest few kept)
+and `checkpoints/best.pt` (weights of the best validation loss, for sampling). A checkpoint is
+a dict of tensors and plain Python values that carries everything needed to rebuild the model
+and its tokenizer; it is loaded with `weights_only=True`: data, never code.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -16,14 +19,22 @@ from gpt import __version__
 from gpt.errors import TinyGPTError
 
 CKPT_DIR = "checkpoints"
-LAST = "last.pt"
 BEST = "best.pt"
+_STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 _COMPILED_PREFIX = "_orig_mod."
 
 
+def step_file(step: int) -> str:
+    return f"ckpt-{step:07d}.pt"
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under torch.compile's wrapper, so saved keys have no `_orig_mod.` prefix."""
-    return getattr(model, "_orig_mod", model)
+    """The module under torch.compile's and DDP's wrappers, so saved keys carry no prefix."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            return model
+        model = inner
 
 
 def save(path: Path, payload: dict) -> None:
@@ -58,34 +69,47 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     return ckpt
 
 
-def ensure_fresh_run_dir(run_dir: Path) -> None:
-    """A new run never trains into (and so never overwrites) an earlier run's directory."""
-    if any((Path(run_dir) / CKPT_DIR).glob("*.pt")):
-        raise TinyGPTError(
-            f"{run_dir} already holds a trained run; leave it as is and train into a new directory "
-            f"(omit hydra.run.dir, or give it a new path)"
-        )
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's full-state checkpoints, oldest first."""
+    folder = Path(run_dir) / CKPT_DIR
+    found = [(int(m.group(1)), p) for p in folder.glob("ckpt-*.pt") if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest(run_dir: Path) -> Path | None:
+    ckpts = step_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` step checkpoints (best.pt is separate and stays)."""
+    for old in step_checkpoints(run_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+
+
+def has_run(run_dir: Path) -> bool:
+    return any((Path(run_dir) / CKPT_DIR).glob("*.pt"))
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
-    """best.pt of a run directory, falling back to last.pt."""
-    for name in (BEST, LAST):
-        p = Path(run_dir) / CKPT_DIR / name
-        if p.is_file():
-            return p
-    raise TinyGPTError(f"{run_dir} holds no checkpoint ({CKPT_DIR}/{BEST} or {LAST}); pass a finished run directory")
+    """best.pt of a run directory, falling back to its newest step checkpoint."""
+    best = Path(run_dir) / CKPT_DIR / BEST
+    found = best if best.is_file() else latest(run_dir)
+    if found is None:
+        raise TinyGPTError(f"{run_dir} holds no checkpoint ({CKPT_DIR}/{BEST} or ckpt-*.pt); pass a run directory that has trained")
+    return found
 
 
 def latest_run(runs_root: str | Path) -> Path:
-    """The most recently written run directory under runs_root (runs and sweep jobs alike)."""
+    """The run directory (plain run or sweep job) whose checkpoint was written most recently."""
     root = Path(runs_root).expanduser()
-    candidates = [p.parent.parent for p in root.glob(f"**/{CKPT_DIR}/*.pt") if p.name in (BEST, LAST)]
+    candidates = {p.parent.parent for p in root.glob(f"**/{CKPT_DIR}/*.pt") if p.name == BEST or _STEP_FILE.match(p.name)}
     if not candidates:
         raise TinyGPTError(
             f"no trained run found under {root.resolve()}; train one first with `python train.py`, "
             f"or pass run_dir=<run directory> or ckpt=<checkpoint.pt>"
         )
-    return max(set(candidates), key=lambda d: max(p.stat().st_mtime for p in (d / CKPT_DIR).glob("*.pt")))
+    return max(candidates, key=lambda d: max(p.stat().st_mtime for p in (d / CKPT_DIR).glob("*.pt")))
 
 
 def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Path:
@@ -101,3 +125,26 @@ def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Pat
             raise TinyGPTError(f"run directory {d} does not exist; check the path, or omit run_dir to use the latest run")
         return checkpoint_in_run(d)
     return checkpoint_in_run(latest_run(runs_root))
+
+
+def resume_source(resume, out_dir: Path) -> Path | None:
+    """The checkpoint a training run starts from, per `resume`:
+    auto  - this run directory's newest checkpoint if it has one (rerunning a run continues it),
+    false - none; refuse to train into a directory that already holds a run,
+    path  - that checkpoint file, or the newest checkpoint of that run directory (the run
+            continues in the new directory; the old one is only read)."""
+    if resume in (None, "auto", True):
+        return latest(out_dir)
+    if resume is False or resume in ("false", "never"):
+        if has_run(out_dir):
+            raise TinyGPTError(f"{out_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
+        return None
+    p = Path(str(resume)).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        found = latest(p)
+        if found is None:
+            raise TinyGPTError(f"resume={p}: the directory holds no ckpt-*.pt checkpoint to resume from")
+        return found
+    raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")

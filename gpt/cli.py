@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from gpt.checkpoint import ensure_fresh_run_dir
 from gpt.errors import TinyGPTError
 
 T = TypeVar("T")
@@ -19,20 +19,16 @@ def fail(message: str) -> None:
 
 
 def preflight(argv: list[str], config_dir: Path) -> None:
-    """Checks on the raw command line, before Hydra composes anything or creates a run directory.
-
-    - `group=option` naming a config file that does not exist: Hydra reports it too, but over a
-      dozen lines; a user who typed `model=gtp2` needs one line with the choices. Sweep values
-      (`model=a,b`) are checked one by one.
-    - `hydra.run.dir=` pointing at an earlier run: Hydra would overwrite that run's .hydra/
-      files before our code runs, so refuse here.
-    """
+    """Reject `group=option` overrides naming a config file that does not exist, before Hydra
+    composes anything or creates a run directory. Hydra reports these too, but over a dozen
+    lines; a user who typed `model=gtp2` needs one line with the choices. Sweep values
+    (`model=a,b`) are checked one by one."""
     for arg in argv:
         if "=" not in arg or arg.startswith("-"):
             continue
         key, value = arg.split("=", 1)
         if key == "hydra.run.dir":
-            guard(lambda: ensure_fresh_run_dir(Path(value).expanduser()))
+            _protect_earlier_run(Path(value).expanduser(), argv)
         group = key.lstrip("+~")
         folder = config_dir / group
         if "/" in group or "." in group or not folder.is_dir() or "(" in value or value in ("", "null"):
@@ -41,6 +37,24 @@ def preflight(argv: list[str], config_dir: Path) -> None:
         for option in value.split(","):
             if option not in choices:
                 fail(f"unknown {group} config {option!r}; choose one of: {', '.join(choices)} (files in {folder})")
+
+
+def _protect_earlier_run(run_dir: Path, argv: list[str]) -> None:
+    """Training into a directory that already holds a run resumes it (resume=auto) or is refused
+    (resume=false). Either way Hydra would overwrite that run's .hydra/ record before any of our
+    code runs: refuse first, or keep the earlier record as .hydra-<n>/."""
+    from gpt.checkpoint import has_run
+
+    if not has_run(run_dir):
+        return
+    if any(a in ("resume=false", "resume=False", "resume=never") for a in argv):
+        fail(f"{run_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
+    record = run_dir / ".hydra"
+    if record.is_dir():
+        n = 1
+        while (run_dir / f".hydra-{n}").exists():
+            n += 1
+        record.rename(run_dir / f".hydra-{n}")
 
 
 def take_verbatim(argv: list[str], key: str) -> tuple[list[str], str | None]:
@@ -53,6 +67,14 @@ def take_verbatim(argv: list[str], key: str) -> tuple[list[str], str | None]:
         else:
             rest.append(arg)
     return rest, value
+
+
+def quiet_non_zero_ranks(argv: list[str]) -> list[str]:
+    """Under torchrun every rank runs the Hydra app; only rank 0 may create the run directory
+    and its logs (the trainer hands rank 0's directory to the others)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return argv
+    return [*argv, "hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
 
 
 def guard(fn: Callable[[], T]) -> T:

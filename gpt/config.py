@@ -60,10 +60,14 @@ class TrainSettings:
     eval_iters: int = 50
     log_interval: int = 50
     sample_tokens: int = 200  # length of the sample printed when training ends (0: none)
+    keep_last: int = 2  # step checkpoints kept (best.pt is extra)
+    max_bad_steps: int = 5  # stop after this many non-finite steps in a row
+    peak_flops: float | None = None  # accelerator peak FLOP/s for MFU (null: look it up)
 
     def __post_init__(self) -> None:
         check_types(self, "train")
-        _positive(self, "train", ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"))
+        _positive(self, "train", ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters",
+                                  "log_interval", "keep_last", "max_bad_steps"))
         if self.grad_clip < 0:
             raise TinyGPTError(f"train.grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
         if self.sample_tokens < 0:

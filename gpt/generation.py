@@ -126,7 +126,7 @@ class Decoder:
         cache = self.cache
         if self.cfg.use_cache and cache is not None and width - self.offset <= cache.max_len:
             # Only the columns the cache has not seen yet (after the first step: one).
-            logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache)
+            logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache, last_only=True)
         else:
             # Encode a window from scratch: everything, or once the longest row outgrows the
             # context, its last block_size tokens (shorter rows keep their padding in front).
@@ -137,7 +137,7 @@ class Decoder:
             # The longest row fills the context at block_size + its padding columns.
             room = self.block_size + int(pad.min()) if self.cfg.use_cache else window.size(1)
             self.cache = KVCache(self.model.config.n_layer, room, pad)
-            logits, _ = self.model(window, cache=self.cache)
+            logits, _ = self.model(window, cache=self.cache, last_only=True)
         return logits[:, -1, :].float()
 
     @torch.no_grad()

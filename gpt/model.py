@@ -220,13 +220,19 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy loss
         against `targets` (B, T), or None when no targets are given.
 
         With a `cache`, idx holds only the positions after those already cached, and the cache
-        advances by T (see `KVCache`); that is how generation runs one token at a time."""
+        advances by T (see `KVCache`); that is how generation runs one token at a time.
+        `last_only` computes logits for the last position only (B, 1, vocab): all that
+        generation needs, and for a 50k vocabulary the LM head is a large share of the work."""
         B, T = idx.shape
         mask = None
         if cache is None:
@@ -240,6 +246,8 @@ class GPT(nn.Module):
             x = block(x, cache, mask)
         if cache is not None:
             cache.length += T
+        if last_only:
+            x = x[:, -1:, :]
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:

@@ -39,10 +39,12 @@ def _mps_available() -> bool:
     return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
-def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
+def pick_device(requested: str = "auto", local_rank: int | None = None) -> tuple[torch.device, str]:
+    """`local_rank` (under torchrun) picks this process's own GPU."""
     if requested == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda"), f"device cuda ({torch.cuda.get_device_name()}), auto-detected"
+            dev = torch.device("cuda", local_rank) if local_rank is not None else torch.device("cuda")
+            return dev, f"device {dev} ({torch.cuda.get_device_name(dev)}), auto-detected"
         if _mps_available():
             return torch.device("mps"), "device mps (Apple GPU), auto-detected"
         return torch.device("cpu"), "device cpu (no CUDA or MPS found)"
@@ -55,6 +57,8 @@ def pick_device(requested: str = "auto") -> tuple[torch.device, str]:
         raise TinyGPTError("device=mps was requested but MPS is not available here; use device=auto or device=cpu")
     if kind not in ("cpu", "cuda", "mps"):
         raise TinyGPTError(f"device={requested!r} is unknown; use auto, cpu, cuda, cuda:N or mps")
+    if kind == "cuda" and local_rank is not None and not index:
+        return torch.device("cuda", local_rank), f"device cuda:{local_rank} (forced by config, GPU of local rank {local_rank})"
     return torch.device(requested), f"device {requested} (forced by config)"
 
 
@@ -83,8 +87,8 @@ def pick_compile(device: torch.device, requested: str | bool = "auto") -> tuple[
     return bool(requested), f"compile {'on' if requested else 'off'} (set in config)"
 
 
-def setup(device: str = "auto", dtype: str = "auto", compile: str | bool = "auto") -> Runtime:
-    dev, why_dev = pick_device(device)
+def setup(device: str = "auto", dtype: str = "auto", compile: str | bool = "auto", local_rank: int | None = None) -> Runtime:
+    dev, why_dev = pick_device(device, local_rank)
     dt, why_dt = pick_dtype(dev, dtype)
     comp, why_comp = pick_compile(dev, compile)
     reasons = [why_dev, why_dt, why_comp]
@@ -100,3 +104,57 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_state() -> dict:
+    """Every random number generator a training step draws from, as checkpointable data
+    (tensors and plain Python values only: checkpoints are loaded with weights_only=True)."""
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {**np_state, "state": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)), "pos": np_state["state"]["pos"]}},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = dict(state["numpy"])
+    np_state["state"] = {"key": state["numpy"]["state"]["key"].numpy().astype(np.uint32), "pos": state["numpy"]["state"]["pos"]}
+    np.random.set_state(np_state)
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) from vendor datasheets, for the MFU estimate.
+# Matched by substring of torch.cuda.get_device_name(); override with train.peak_flops.
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
+
+
+def peak_flops(device: torch.device, override: float | None = None) -> float | None:
+    """Peak FLOP/s of the accelerator, or None when unknown (then no MFU is reported)."""
+    if override:
+        return float(override)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_FLOPS.items():
+        if key in name:
+            return value
+    return None

@@ -6,6 +6,7 @@ loop has no `if writer:` branches.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -32,6 +33,23 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+class MetricsFile:
+    """Appends one JSON object per line to <run>/metrics.jsonl, at full float precision (for
+    tools, plots and exact comparisons); a None path makes it a no-op."""
+
+    def __init__(self, path: Path | None):
+        self.f = open(path, "a", encoding="utf-8") if path is not None else None
+
+    def write(self, **record) -> None:
+        if self.f is not None:
+            self.f.write(json.dumps(record) + "\n")
+            self.f.flush()
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
 
 
 class NullTracker:

@@ -1,31 +1,38 @@
 """The training loop: the library side of `train.py`.
 
 `train(cfg)` takes the resolved config as a plain dict, validates all of it before touching
-data or models, trains, and returns the best validation loss (what a sweeper optimises).
+data or models, trains (resuming if the run directory already holds a checkpoint), and returns
+the best validation loss (what a sweeper optimises).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt import checkpoint, runtime
+from gpt import checkpoint, distributed, runtime
 from gpt.config import TrainSettings, optim_settings, train_settings
 from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
+from gpt.generation import SamplingConfig, generate
 from gpt.model import GPT, GPTConfig
 from gpt.optim import CosineSchedule, build_optimizer
-from gpt.generation import SamplingConfig, generate
-from gpt.tracking import TensorBoardTracker, ensure_console_logging, logger
+from gpt.preemption import StopRequest
+from gpt.tracking import MetricsFile, NullTracker, TensorBoardTracker, ensure_console_logging, logger
+
+StepHook = Callable[[int, float], None]  # (step just finished, its loss): tests and tools watch steps
 
 
-def model_config(cfg: dict, data: Dataset) -> GPTConfig:
+def model_config(model_cfg: dict, data: Dataset) -> GPTConfig:
     """The model section of the config, with the vocabulary taken from the data by default."""
-    model_cfg = dict(cfg["model"])
+    model_cfg = dict(model_cfg)
     vocab = data.tokenizer.vocab_size
     if model_cfg.get("vocab_size") is None:
         model_cfg["vocab_size"] = vocab
@@ -46,134 +53,303 @@ def check_data_fits(data: Dataset, block_size: int) -> None:
             )
 
 
-@torch.no_grad()
-def estimate_loss(model, data: Dataset, ts: TrainSettings, block_size: int, rt, seed: int) -> dict[str, float]:
-    """Mean loss over `eval_iters` batches per split. The batches are the same at every eval
-    (fixed seed), so successive evals compare the model, not the luck of the draw."""
-    model.eval()
-    out = {}
-    for i, (split, tokens) in enumerate((("train", data.train), ("val", data.val))):
-        batches = RandomWindows(tokens, block_size, ts.batch_size, rt.device, seed=seed + 1 + i)
-        total = torch.zeros((), device=rt.device)
-        for _ in range(ts.eval_iters):
-            x, y = batches.next()
-            with rt.autocast():
-                _, loss = model(x, y)
-            total += loss.float()
-        out[split] = total.item() / ts.eval_iters  # one host sync per split, not per batch
-    model.train()
-    return out
+def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward/backward over `accum_steps` micro-batches, then clip. Returns (mean loss, grad
+    norm) as tensors, without stepping the optimizer: the caller first checks they are finite.
+    Reading them forces a host sync, so the caller decides when."""
+    total = torch.zeros((), device=rt.device)
+    for micro in range(accum_steps):
+        x, y = batches.next()
+        # Under DDP, gradients are all-reduced on the last micro-batch only.
+        sync = micro == accum_steps - 1 or not isinstance(model, DDP)
+        with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
+            _, loss = model(x, y)
+            # Each micro-batch contributes 1/accum_steps, so the summed gradient is the mean
+            # over the whole batch, as if it had been one forward pass.
+            scaler.scale(loss / accum_steps).backward()
+        total += loss.detach()
+    scaler.unscale_(optimizer)  # clip and measure true gradients, not loss-scaled ones
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    return total / accum_steps, norm
 
 
-def train(cfg: dict) -> float:
-    ensure_console_logging()
-    log = logger.info
-    t_start = time.time()
+class Trainer:
+    def __init__(self, cfg: dict, on_step: StepHook | None = None):
+        ensure_console_logging()
+        self.t_start = time.time()
+        self.cfg = cfg
+        self.on_step = on_step
+        self.dist = distributed.from_env()
+        self.log = logger.info if self.dist.is_main else (lambda *a, **k: None)
 
-    # --- validate everything cheap first -------------------------------------------------
-    ts = train_settings(cfg)
-    out_dir = Path(cfg["paths"]["output_dir"])
-    checkpoint.ensure_fresh_run_dir(out_dir)
-    # Check the model shape now (the vocabulary comes from the data later) so a typo fails in
-    # a second instead of after the data is downloaded and prepared.
-    GPTConfig.from_dict({**cfg["model"], "vocab_size": cfg["model"].get("vocab_size") or 1})
-    optim = optim_settings(cfg)
-    schedule = CosineSchedule.from_settings(optim)
-    rt = runtime.setup(cfg["device"], cfg["dtype"], cfg["compile"])
-    log(rt.describe())
-    runtime.seed_everything(cfg["seed"])
+        # --- validate everything cheap first ---------------------------------------------------
+        self.ts: TrainSettings = train_settings(cfg)
+        self.optim_settings = optim_settings(cfg)
+        self.schedule = CosineSchedule.from_settings(self.optim_settings)
+        # Check the model shape now (the vocabulary comes from the data later) so a typo fails
+        # in a second instead of after the data is downloaded and prepared.
+        GPTConfig.from_dict({**cfg["model"], "vocab_size": cfg["model"].get("vocab_size") or 1})
+        self.rt = runtime.setup(cfg["device"], cfg["dtype"], cfg["compile"], self.dist.local_rank if self.dist.enabled else None)
+        distributed.init(self.dist, self.rt.device)
+        # Under torchrun every process resolved its own run directory: rank 0's is the one.
+        self.out_dir = Path(distributed.broadcast(cfg["paths"]["output_dir"], self.dist))
+        self.ckpt_dir = self.out_dir / checkpoint.CKPT_DIR
+        resume_from = checkpoint.resume_source(cfg.get("resume", "auto"), self.out_dir)
+        self.log(self.rt.describe() + (f"; DDP over {self.dist.world_size} processes" if self.dist.enabled else ""))
+        runtime.seed_everything(cfg["seed"])
 
-    # --- data and model ----------------------------------------------------------------------
-    data = load_data(cfg["data"], cfg["paths"]["data_dir"], log=log)
-    mcfg = model_config(cfg, data)
-    check_data_fits(data, mcfg.block_size)
-    log(f"data {data.name}: {len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.tokenizer.vocab_size}")
+        # --- data and model --------------------------------------------------------------------
+        if self.dist.is_main:
+            self.data = load_data(cfg["data"], cfg["paths"]["data_dir"], log=self.log)
+        distributed.barrier(self.dist)  # the others wait for rank 0 to download and prepare
+        if not self.dist.is_main:
+            self.data = load_data(cfg["data"], cfg["paths"]["data_dir"], log=lambda *a: None)
+        resumed = checkpoint.load(resume_from) if resume_from else None
+        self.mcfg = self._model_config(resumed)
+        check_data_fits(self.data, self.mcfg.block_size)
+        self.log(f"data {self.data.name}: {len(self.data.train):,} train / {len(self.data.val):,} val tokens, vocab {self.data.tokenizer.vocab_size}")
 
-    model = GPT(mcfg).to(rt.device)
-    optimizer = build_optimizer(model, optim, rt.device)
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
-    step_model = torch.compile(model) if rt.compile else model
-    tokens_per_step = ts.batch_size * mcfg.block_size * ts.grad_accum_steps
-    log(
-        f"model {mcfg.n_layer}L {mcfg.n_head}H {mcfg.n_embd}D block {mcfg.block_size}: {model.num_params():,} parameters; "
-        f"batch {ts.batch_size} x accum {ts.grad_accum_steps} = {tokens_per_step:,} tokens/step"
-    )
+        self.model = GPT(self.mcfg).to(self.rt.device)
+        self.optimizer = build_optimizer(self.model, self.optim_settings, self.rt.device)
+        self.scaler = torch.amp.GradScaler(self.rt.device.type, enabled=self.rt.use_grad_scaler)
+        self.batches = RandomWindows(
+            self.data.train, self.mcfg.block_size, self.ts.batch_size, self.rt.device,
+            seed=cfg["seed"], rank=self.dist.rank, world_size=self.dist.world_size,
+        )
+        self.step = 0
+        self.best_val = math.inf
+        self.bad_in_a_row = 0
+        self.bad_total = 0
+        if resumed:
+            self._restore(resumed, resume_from)
 
-    tracker = TensorBoardTracker(out_dir / "tb")
-    tracker.config(cfg)
-    batches = RandomWindows(data.train, mcfg.block_size, ts.batch_size, rt.device, seed=cfg["seed"])
-    ckpt_dir = out_dir / checkpoint.CKPT_DIR
+        step_model = torch.compile(self.model) if self.rt.compile else self.model
+        self.eval_model = step_model  # not the DDP wrapper: evaluation needs no gradient sync
+        if self.dist.enabled:
+            step_model = DDP(step_model, device_ids=[self.rt.device.index] if self.rt.device.type == "cuda" else None)
+        self.step_model = step_model
+        self.tokens_per_step = self.ts.batch_size * self.mcfg.block_size * self.ts.grad_accum_steps * self.dist.world_size
+        self.flops_per_token = self.model.flops_per_token()
+        self.peak = runtime.peak_flops(self.rt.device, self.ts.peak_flops)
+        self.log(
+            f"model {self.mcfg.n_layer}L {self.mcfg.n_head}H {self.mcfg.n_embd}D block {self.mcfg.block_size}: "
+            f"{self.model.num_params():,} parameters; global batch {self.ts.batch_size} x accum {self.ts.grad_accum_steps}"
+            f" x {self.dist.world_size} process(es) = {self.tokens_per_step:,} tokens/step"
+        )
 
-    def payload(step: int, best: float, with_optimizer: bool) -> dict:
+    # --- setup helpers ------------------------------------------------------------------------
+
+    def _model_config(self, resumed: dict | None) -> GPTConfig:
+        mcfg = model_config(self.cfg["model"], self.data)
+        if resumed is None:
+            return mcfg
+        saved = GPTConfig.from_dict(resumed["model_config"])
+        if saved != mcfg:
+            diff = {k: (v, getattr(mcfg, k)) for k, v in saved.to_dict().items() if getattr(mcfg, k) != v}
+            shown = ", ".join(f"model.{k}={new!r} (checkpoint: {old!r})" for k, (old, new) in diff.items())
+            self.log(f"notice: resuming with the checkpoint's model settings; ignoring {shown}")
+        if resumed["tokenizer"] != self.data.tokenizer.to_dict():
+            raise TinyGPTError(
+                "the checkpoint's tokenizer differs from this data's; resume with the data the run was trained on "
+                f"(data={resumed.get('config', {}).get('data', {}).get('name', '?')})"
+            )
+        return saved
+
+    def _restore(self, ckpt: dict, path: Path) -> None:
+        if "optimizer" not in ckpt:
+            raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.batches.load_state_dict(ckpt["loader"])
+        runtime.set_rng_state(ckpt["rng"])
+        self.step = ckpt["step"]
+        self.best_val = ckpt["best_val_loss"]
+        self.bad_total = ckpt.get("bad_steps", 0)
+        changed = _changed_settings(ckpt.get("config", {}), self.cfg)
+        self.log(f"resuming from {path} at step {self.step} (best val loss {self.best_val:.4f})" + (f"; changed: {changed}" if changed else ""))
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def _payload(self, full: bool) -> dict:
         p = {
-            "model": checkpoint.unwrap(model).state_dict(),
-            "model_config": mcfg.to_dict(),
-            "tokenizer": data.tokenizer.to_dict(),
-            "step": step,
-            "best_val_loss": best,
-            "config": cfg,
+            "model": checkpoint.unwrap(self.model).state_dict(),
+            "model_config": self.mcfg.to_dict(),
+            "tokenizer": self.data.tokenizer.to_dict(),
+            "step": self.step,
+            "best_val_loss": self.best_val,
+            "config": self.cfg,
         }
-        if with_optimizer:
-            p["optimizer"] = optimizer.state_dict()
-            p["scaler"] = scaler.state_dict()
+        if full:
+            p.update(
+                optimizer=self.optimizer.state_dict(),
+                scaler=self.scaler.state_dict(),
+                loader=self.batches.state_dict(),
+                rng=runtime.rng_state(),
+                bad_steps=self.bad_total,
+            )
         return p
 
-    # --- the loop ------------------------------------------------------------------------------
-    best_val = math.inf
-    last_losses: dict[str, float] = {}
-    t_interval, steps_in_interval = time.time(), 0
-    try:
-        for step in range(ts.max_iters + 1):
-            if step % ts.eval_interval == 0 or step == ts.max_iters:
-                last_losses = estimate_loss(step_model, data, ts, mcfg.block_size, rt, seed=cfg["seed"])
-                tracker.scalars(step, {"loss/train_eval": last_losses["train"], "loss/val": last_losses["val"]})
-                improved = last_losses["val"] < best_val
-                best_val = min(best_val, last_losses["val"])
-                log(f"eval step {step}: train {last_losses['train']:.4f}, val {last_losses['val']:.4f}" + (" (best)" if improved else ""))
-                if step > 0:
-                    if improved:
-                        checkpoint.save(ckpt_dir / checkpoint.BEST, payload(step, best_val, with_optimizer=False))
-                    checkpoint.save(ckpt_dir / checkpoint.LAST, payload(step, best_val, with_optimizer=True))
-                t_interval, steps_in_interval = time.time(), 0  # keep eval time out of step timing
-            if step == ts.max_iters:
-                break
+    def save(self, best: bool = False) -> Path | None:
+        """Full-state checkpoint of the current step (rank 0 writes; every rank calls)."""
+        path = self.ckpt_dir / checkpoint.step_file(self.step)
+        if self.dist.is_main:
+            if best:
+                checkpoint.save(self.ckpt_dir / checkpoint.BEST, self._payload(full=False))
+            checkpoint.save(path, self._payload(full=True))
+            checkpoint.prune(self.out_dir, self.ts.keep_last)
+        distributed.barrier(self.dist)
+        return path
 
-            lr = schedule(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            for _ in range(ts.grad_accum_steps):
+    # --- evaluation ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over `eval_iters` batches per split, averaged over ranks. The batches are the
+        same at every eval (fixed seed), so successive evals compare the model, not the draw."""
+        self.step_model.eval()
+        out = {}
+        for i, (split, tokens) in enumerate((("train", self.data.train), ("val", self.data.val))):
+            batches = RandomWindows(
+                tokens, self.mcfg.block_size, self.ts.batch_size, self.rt.device,
+                seed=self.cfg["seed"] + 1 + i, rank=self.dist.rank, world_size=self.dist.world_size,
+            )
+            total = torch.zeros((), device=self.rt.device)
+            for _ in range(self.ts.eval_iters):
                 x, y = batches.next()
-                with rt.autocast():
-                    _, loss = step_model(x, y)
-                scaler.scale(loss / ts.grad_accum_steps).backward()
-            if ts.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), ts.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            steps_in_interval += 1
+                with self.rt.autocast():
+                    _, loss = self.eval_model(x, y)
+                total += loss.float()
+            out[split] = distributed.mean(total / self.ts.eval_iters, self.dist).item()
+        self.step_model.train()
+        return out
 
-            if (step + 1) % ts.log_interval == 0:
-                loss_value = loss.item()  # host sync: only once per log interval
-                dt = (time.time() - t_interval) / steps_in_interval
-                tok_s = tokens_per_step / dt
-                log(f"step {step + 1}/{ts.max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/step, {tok_s:,.0f} tok/s")
-                tracker.scalars(step + 1, {"loss/train": loss_value, "lr": lr, "perf/tokens_per_s": tok_s, "perf/ms_per_step": dt * 1000})
-                t_interval, steps_in_interval = time.time(), 0
+    # --- the loop -----------------------------------------------------------------------------
 
-        # --- wrap up ---------------------------------------------------------------------------
-        if ts.sample_tokens:
-            with rt.autocast():
-                sampling = SamplingConfig(max_new_tokens=ts.sample_tokens, temperature=0.8, top_k=200, seed=cfg["seed"])
-                text = generate(model, data.tokenizer, [""], sampling)[0][0]
-            tracker.text("sample", text, ts.max_iters)
-            log(f"---------- sample at step {ts.max_iters} ----------\n{text}\n" + "-" * 42)
+    def fit(self) -> float:
+        ts, log = self.ts, self.log
+        tracker = TensorBoardTracker(self.out_dir / "tb") if self.dist.is_main else NullTracker()
+        metrics = MetricsFile(self.out_dir / "metrics.jsonl") if self.dist.is_main else MetricsFile(None)
+        if self.step == 0:
+            tracker.config(self.cfg)
+        last_eval: dict[str, float] = {}
+        stopped = False
+        t_interval, steps_in_interval = time.time(), 0
+        first_step = self.step
+        if first_step >= ts.max_iters:
+            log(f"this run already reached step {first_step} (train.max_iters={ts.max_iters}); raise train.max_iters to train longer")
+        try:
+            with StopRequest(log=logger.warning) as stop:
+                while True:
+                    step = self.step
+                    if (step % ts.eval_interval == 0 or step == ts.max_iters) and not (step == first_step and step > 0):
+                        last_eval = self.evaluate()
+                        improved = last_eval["val"] < self.best_val
+                        self.best_val = min(self.best_val, last_eval["val"])
+                        tracker.scalars(step, {"loss/train_eval": last_eval["train"], "loss/val": last_eval["val"]})
+                        metrics.write(kind="eval", step=step, train=last_eval["train"], val=last_eval["val"])
+                        log(f"eval step {step}: train {last_eval['train']:.4f}, val {last_eval['val']:.4f}" + (" (best)" if improved else ""))
+                        if step > 0:
+                            self.save(best=improved)
+                        t_interval, steps_in_interval = time.time(), 0  # keep eval time out of step timing
+                    if step >= ts.max_iters:
+                        break
+                    if distributed.any_true(stop.requested, self.dist, self.rt.device):
+                        path = self.save()
+                        stopped = True
+                        log(f"stopped at step {step} ({stop.reason or 'signal on another rank'}); checkpoint {path}")
+                        log(f"resume with: python train.py hydra.run.dir={self.out_dir} <the same overrides>")
+                        break
+
+                    lr = self.schedule(step)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    loss, norm = train_step(self.step_model, self.batches, self.optimizer, self.scaler, self.rt, ts.grad_accum_steps, ts.grad_clip)
+                    self._apply_or_skip(loss, norm, step)
+                    self.step = step + 1
+                    steps_in_interval += 1
+
+                    if self.on_step is not None:
+                        self.on_step(self.step, distributed.mean(loss, self.dist).item())
+                    if self.step % ts.log_interval == 0:
+                        loss_value = distributed.mean(loss, self.dist).item()  # host sync, once per interval
+                        dt = (time.time() - t_interval) / steps_in_interval
+                        values = {"loss/train": loss_value, "lr": lr, "grad_norm": norm.item(),
+                                  "perf/tokens_per_s": self.tokens_per_step / dt, "perf/ms_per_step": dt * 1000}
+                        mfu = ""
+                        if self.peak:
+                            values["perf/mfu"] = self.flops_per_token * values["perf/tokens_per_s"] / (self.peak * self.dist.world_size)
+                            mfu = f", MFU {values['perf/mfu'] * 100:.1f}%"
+                        log(f"step {self.step}/{ts.max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/step, "
+                            f"{values['perf/tokens_per_s']:,.0f} tok/s{mfu}")
+                        tracker.scalars(self.step, values)
+                        metrics.write(kind="train", step=self.step, loss=loss_value, lr=lr, ms_per_step=dt * 1000)
+                        t_interval, steps_in_interval = time.time(), 0
+
+            if not stopped and ts.sample_tokens and self.dist.is_main:
+                with self.rt.autocast():
+                    sampling = SamplingConfig(max_new_tokens=ts.sample_tokens, temperature=0.8, top_k=200, seed=self.cfg["seed"])
+                    text = generate(self.model, self.data.tokenizer, [""], sampling)[0][0]
+                tracker.text("sample", text, self.step)
+                log(f"---------- sample at step {self.step} ----------\n{text}\n" + "-" * 42)
+        finally:
+            tracker.close()
+            metrics.close()
+
+        final = last_eval.get("val", float("nan"))
+        log(f"done in {time.time() - self.t_start:.1f} s: best val loss {self.best_val:.4f} (final {final:.4f})"
+            + (f"; {self.bad_total} non-finite step(s) skipped" if self.bad_total else ""))
+        log(f"checkpoints: {self.ckpt_dir}   tensorboard: tensorboard --logdir {self.out_dir / 'tb'}")
+        log(f"sample with: python sample.py run_dir={self.out_dir}")
+        return self.best_val
+
+    def _apply_or_skip(self, loss: torch.Tensor, norm: torch.Tensor, step: int) -> None:
+        """Step the optimizer, unless the loss or gradients are not finite: then skip the update
+        (the data moves on), and stop after `max_bad_steps` such steps in a row. Checking costs
+        one host sync per step."""
+        bad = not bool(torch.isfinite(loss).item())
+        if not self.scaler.is_enabled():  # with fp16 loss scaling, overflowing grads are routine
+            bad = bad or not bool(torch.isfinite(norm).item())
+        bad = distributed.any_true(bad, self.dist, self.rt.device)
+        if bad:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            self.bad_in_a_row += 1
+            self.bad_total += 1
+            logger.warning(f"step {step + 1}: non-finite loss or gradient, update skipped ({self.bad_in_a_row} in a row)")
+            if self.bad_in_a_row >= self.ts.max_bad_steps:
+                last = checkpoint.latest(self.out_dir)
+                raise TinyGPTError(
+                    f"training diverged: {self.bad_in_a_row} non-finite steps in a row at step {step + 1}; "
+                    f"the last good checkpoint is {last or 'none (no eval reached yet)'}; lower optim.lr or train.grad_clip"
+                )
+            return
+        self.bad_in_a_row = 0
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def _changed_settings(old: dict, new: dict, prefix: str = "") -> str:
+    """'a.b: 1 -> 2, ...' for the leaves that differ (paths and run bookkeeping excluded)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if prefix == "" and key in ("paths", "resume"):
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = _changed_settings(a, b, f"{prefix}{key}.")
+            if sub:
+                out.append(sub)
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return ", ".join(out)
+
+
+def train(cfg: dict, on_step: StepHook | None = None) -> float:
+    """Train per cfg; returns the best validation loss. Always releases the process group."""
+    try:
+        return Trainer(cfg, on_step).fit()
     finally:
-        tracker.close()
-
-    wall = time.time() - t_start
-    log(f"done in {wall:.1f} s: best val loss {best_val:.4f} (final {last_losses['val']:.4f})")
-    log(f"checkpoints: {ckpt_dir}   tensorboard: tensorboard --logdir {out_dir / 'tb'}")
-    log(f"sample with: python sample.py run_dir={out_dir}")
-    return best_val
+        distributed.shutdown()

@@ -71,15 +71,48 @@ def test_compiled_prefix_is_stripped(tmp_path):
 def test_latest_run_and_resolution(tmp_path):
     with pytest.raises(TinyGPTError, match="no trained run found"):
         checkpoint.latest_run(tmp_path)
-    for name in ("runs/a", "sweeps/s/0", "runs/b"):
+    for age, name in enumerate(("runs/b", "sweeps/s/0", "runs/a")):  # runs/b is the newest
         d = tmp_path / name / checkpoint.CKPT_DIR
         d.mkdir(parents=True)
-        (d / checkpoint.LAST).write_bytes(b"x")
-        time.sleep(0.01)
+        for step in (10, 20):
+            (d / checkpoint.step_file(step)).write_bytes(b"x")
+            stamp = time.time() - 100 * age
+            os.utime(d / checkpoint.step_file(step), (stamp, stamp))
     (tmp_path / "runs" / "c").mkdir()  # a run that failed before its first checkpoint
     assert checkpoint.latest_run(tmp_path) == tmp_path / "runs" / "b"
-    assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/last.pt"
+    assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/ckpt-0000020.pt"
+    (tmp_path / "runs/b/checkpoints/best.pt").write_bytes(b"x")
+    assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/best.pt"
+    assert checkpoint.resolve(None, str(tmp_path / "runs" / "a"), tmp_path) == tmp_path / "runs/a/checkpoints/ckpt-0000020.pt"
     with pytest.raises(TinyGPTError, match="holds no checkpoint"):
         checkpoint.resolve(None, str(tmp_path / "runs" / "c"), tmp_path)
     with pytest.raises(TinyGPTError, match="does not exist"):
         checkpoint.resolve(str(tmp_path / "nope.pt"), None, tmp_path)
+
+
+def test_retention_and_resume_sources(tmp_path):
+    for step in (5, 10, 15, 20):
+        (tmp_path / checkpoint.CKPT_DIR).mkdir(exist_ok=True)
+        (tmp_path / checkpoint.CKPT_DIR / checkpoint.step_file(step)).write_bytes(b"x")
+    (tmp_path / checkpoint.CKPT_DIR / checkpoint.BEST).write_bytes(b"x")
+    checkpoint.prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / checkpoint.CKPT_DIR).iterdir()) == ["best.pt", "ckpt-0000015.pt", "ckpt-0000020.pt"]
+    assert checkpoint.resume_source("auto", tmp_path) == checkpoint.latest(tmp_path)
+    assert checkpoint.resume_source("auto", tmp_path / "fresh") is None
+    assert checkpoint.resume_source(str(tmp_path), tmp_path / "fresh") == tmp_path / "checkpoints/ckpt-0000020.pt"
+    with pytest.raises(TinyGPTError, match="resume=false"):
+        checkpoint.resume_source(False, tmp_path)
+    with pytest.raises(TinyGPTError, match="neither"):
+        checkpoint.resume_source("nowhere", tmp_path)
+
+
+def test_unwrap_compiled_and_ddp_style_wrappers():
+    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    assert checkpoint.unwrap(Wrapper(model)) is model
+    assert list(checkpoint.unwrap(Wrapper(model)).state_dict()) == list(model.state_dict())

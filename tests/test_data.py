@@ -131,6 +131,19 @@ def test_prepare_survives_interruption(tmp_path, monkeypatch):
         assert (out / f"{split}.bin").read_bytes() == (tmp_path / "ref" / f"{split}.bin").read_bytes()
 
 
+def test_crash_inside_an_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+
+    def no_rename(src_path, dst_path):
+        raise OSError("disk vanished")
+
+    monkeypatch.setattr(prepare.os, "replace", no_rename)
+    with pytest.raises(OSError):
+        prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
+    assert [p.name for p in out.iterdir()] == []
+
+
 def test_truncated_tokens_or_changed_settings_trigger_reprepare(tmp_path):
     src = _write_text(tmp_path)
     out = tmp_path / "prep"

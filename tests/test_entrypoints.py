@@ -4,6 +4,7 @@ mistakes. Run: pytest tests/test_entrypoints.py"""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -44,11 +45,17 @@ def test_train_writes_checkpoints_logs_and_events(trained_run):
     assert "best val loss" in stdout and "python sample.py run_dir=" in stdout
     assert "device cpu" in stdout and "dtype float32" in stdout
     assert (run_dir / "train.log").read_text().count("eval step") == 3  # steps 0, 10, 20
-    for name in (checkpoint.BEST, checkpoint.LAST):
+    names = sorted(p.name for p in (run_dir / checkpoint.CKPT_DIR).iterdir())
+    assert names == ["best.pt", "ckpt-0000010.pt", "ckpt-0000020.pt"]
+    for name in names:
         ckpt = checkpoint.load(run_dir / checkpoint.CKPT_DIR / name)
         assert ckpt["tokenizer"]["kind"] == "char" and ckpt["model_config"]["n_embd"] == 16
-    last = checkpoint.load(run_dir / checkpoint.CKPT_DIR / checkpoint.LAST)
-    assert last["step"] == 20 and "optimizer" in last
+    last = checkpoint.load(checkpoint.latest(run_dir))
+    assert last["step"] == 20 and {"optimizer", "rng", "loader", "scaler"} <= set(last)
+    assert "optimizer" not in checkpoint.load(run_dir / checkpoint.CKPT_DIR / "best.pt")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 10, 20]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10, 15, 20]
 
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
@@ -71,7 +78,7 @@ def test_sample_from_latest_run_and_from_run_dir(trained_run, data_root):
 
     prompt = cwd / "prompt.txt"
     prompt.write_text("JULIET:\n")
-    from_file = run_script("sample.py", [f"ckpt={run_dir}/checkpoints/last.pt", f"prompt_file={prompt}", "num_samples=1", "max_new_tokens=20"], cwd, root)
+    from_file = run_script("sample.py", [f"ckpt={run_dir}/checkpoints/ckpt-0000020.pt", f"prompt_file={prompt}", "num_samples=1", "max_new_tokens=20"], cwd, root)
     assert from_file.returncode == 0 and "JULIET:\n" in from_file.stdout
     assert not (cwd / "sample.log").exists() and not (cwd / ".hydra").exists()  # sampling writes nothing
 
@@ -88,7 +95,9 @@ def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run,
         ("sample.py", ["prompt=Ωmega"], ["'Ω'", "vocabulary"]),
         ("sample.py", ["ckpt=nowhere/best.pt"], ["nowhere/best.pt", "does not exist"]),
         ("sample.py", ["temperature=-1"], ["temperature"]),
-        ("train.py", [f"hydra.run.dir={run_dir}", *TINY_RUN, *data_overrides], ["already holds a trained run"]),
+        ("train.py", [f"hydra.run.dir={run_dir}", "resume=false", *TINY_RUN, *data_overrides], ["already holds a run", "resume=false"]),
+        ("train.py", ["optim.lr=fast"], ["optim.lr must be a number", "'fast'"]),
+        ("train.py", ["compile=maybe"], ["compile=", "true"]),
     ]
     for script, args, needles in cases:
         _assert_one_line_error(run_script(script, args, cwd, root), *needles)

@@ -44,12 +44,13 @@ def test_causality(attention):
     assert not torch.allclose(a[:, t + 1], b[:, t + 1])  # the changed position does differ
 
 
-def test_manual_attention_matches_sdpa():
+@pytest.mark.parametrize("T", [5, 16])
+def test_manual_attention_matches_sdpa(T):
     torch.manual_seed(1)
     sdpa = GPT(tiny(attention="sdpa")).eval()
     manual = GPT(tiny(attention="manual")).eval()
     manual.load_state_dict(sdpa.state_dict())
-    idx = torch.randint(0, 64, (4, 16))
+    idx = torch.randint(0, 64, (4, T))
     diff = (sdpa(idx)[0] - manual(idx)[0]).abs().max().item()
     assert diff <= 1e-5
 
@@ -65,16 +66,21 @@ def test_lm_head_is_tied_to_token_embedding():
 def test_gpt2_init_scales_residual_projections():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=8, n_head=4, n_embd=256))
-    proj = model.transformer.h[0].mlp.c_proj.weight.std().item()
-    fc = model.transformer.h[0].mlp.c_fc.weight.std().item()
-    assert abs(fc - 0.02) < 0.002
-    assert abs(proj - 0.02 / math.sqrt(16)) < 0.001
+    block = model.transformer.h[0]
+    for w in (block.mlp.c_fc.weight, block.attn.c_attn.weight, model.transformer.wte.weight, model.transformer.wpe.weight):
+        assert abs(w.std().item() - 0.02) < 0.002
+    for w in (block.mlp.c_proj.weight, block.attn.c_proj.weight):
+        assert abs(w.std().item() - 0.02 / math.sqrt(16)) < 0.001
+    assert all(b.abs().max() == 0 for n, b in model.named_parameters() if n.endswith(".bias") and "ln_" not in n)
 
 
-def test_flops_per_token():
-    model = GPT(tiny())
-    n = model.num_params(non_embedding=True)
-    assert model.flops_per_token(16) == 6 * n + 12 * 2 * 16 * 16
+def test_flops_per_token_for_gpt2_shape():
+    # nanoGPT's MFU estimate for GPT-2 124M at T=1024: N = 123.65M non-embedding-table params,
+    # 6N + 12*L*C*T = 741.9M + 113.2M FLOPs per token.
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+    assert model.num_params(non_embedding=True) == 123_653_376
+    assert model.flops_per_token() == 6 * 123_653_376 + 12 * 12 * 768 * 1024
 
 
 @pytest.mark.parametrize(

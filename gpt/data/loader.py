@@ -10,25 +10,46 @@ class RandomWindows:
     """Batches of `batch_size` random windows of block_size + 1 tokens; x is the first
     block_size tokens of each window and y the same shifted by one (next-token targets).
 
-    Positions come from a seeded torch.Generator, so the batch sequence is reproducible.
+    Under DDP every rank draws the same global batch of batch_size * world_size windows from
+    an identically seeded generator and keeps its own slice. So the data seen is a function of
+    (seed, step, rank), a 2-process run sees exactly the batches of a 1-process run with twice
+    the batch size, and the generator's state is all a checkpoint needs to resume the stream.
     """
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device, seed: int):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        device: torch.device,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if len(tokens) < block_size + 1:
             raise ValueError(f"{len(tokens)} tokens cannot fill one window of {block_size + 1}")
         self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
         self.device = device
+        self.rows = slice(rank * batch_size, (rank + 1) * batch_size)
+        self.global_batch = batch_size * world_size
         self.generator = torch.Generator().manual_seed(seed)
         self._offsets = np.arange(block_size + 1)
         # Pinned host memory lets the copy to the GPU overlap with compute.
         self._pin = device.type == "cuda"
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator)
-        windows = torch.from_numpy(self.tokens[starts.numpy()[:, None] + self._offsets].astype(np.int64))
+        starts = torch.randint(len(self.tokens) - self.block_size, (self.global_batch,), generator=self.generator)
+        starts = starts[self.rows].numpy()
+        windows = torch.from_numpy(self.tokens[starts[:, None] + self._offsets].astype(np.int64))
         if self._pin:
             windows = windows.pin_memory()
         windows = windows.to(self.device, non_blocking=True)
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,40 @@
+"""Stop training cleanly on SIGTERM (cluster preemption) or Ctrl-C.
+
+The first signal only raises a flag: the loop finishes its current step, saves a checkpoint,
+says how to resume, and exits with status 0. A second Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+
+class StopRequest:
+    def __init__(self, log=print):
+        self.requested = False
+        self.reason = ""
+        self._log = log
+        self._previous: dict[int, object] = {}
+
+    def request(self, reason: str) -> None:
+        self.requested, self.reason = True, reason
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: the user means it
+        self.request(name)
+        self._log(f"{name} received: finishing this step, then saving a checkpoint (Ctrl-C again to quit at once)")
+
+    def __enter__(self) -> "StopRequest":
+        # Signal handlers can only be installed from the main thread (not e.g. in a notebook worker).
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

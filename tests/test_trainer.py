@@ -1,0 +1,46 @@
+"""The training step: gradient accumulation and clipping. Run: pytest tests/test_trainer.py"""
+
+import copy
+
+import pytest
+import torch
+
+from gpt import runtime
+from gpt.model import GPT, GPTConfig
+from gpt.trainer import train_step
+
+
+class FixedBatches:
+    def __init__(self, parts):
+        self.parts, self.i = parts, 0
+
+    def next(self):
+        part = self.parts[self.i % len(self.parts)]
+        self.i += 1
+        return part
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_accumulating_half_batches_equals_one_full_batch(clip):
+    rt = runtime.setup("cpu", "float32", False)
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    b = copy.deepcopy(a)
+    before = copy.deepcopy(a)
+    x = torch.randint(0, 32, (8, 8))
+    y = torch.randint(0, 32, (8, 8))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.5)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.5)
+    loss_a, norm_a = train_step(a, FixedBatches([(x, y)]), opt_a, scaler, rt, accum_steps=1, grad_clip=clip)
+    loss_b, norm_b = train_step(b, FixedBatches([(x[:4], y[:4]), (x[4:], y[4:])]), opt_b, scaler, rt, accum_steps=2, grad_clip=clip)
+    assert torch.allclose(loss_a, loss_b, atol=1e-6) and torch.allclose(norm_a, norm_b, atol=1e-6)
+    if clip:  # clipped: the applied gradient has norm `clip`, the reported norm is the raw one
+        total = torch.cat([p.grad.flatten() for p in a.parameters()]).norm()
+        assert norm_a > clip and abs(total.item() - clip) < 1e-4
+    opt_a.step()
+    opt_b.step()
+    moved = max((pa - p0).abs().max().item() for pa, p0 in zip(a.parameters(), before.parameters()))
+    assert moved > 1e-4
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)
