@@ -84,6 +84,9 @@ def guard(fn: Callable[[], T]) -> T:
     except TinyGPTError as e:
         _log_to_files(f"error: {e}")
         fail(str(e))
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a traceback
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 def _log_to_files(message: str) -> None:

@@ -134,8 +134,8 @@ class Trainer:
         self.peak = runtime.peak_flops(self.rt.device, self.ts.peak_flops)
         self.log(
             f"model {self.mcfg.n_layer}L {self.mcfg.n_head}H {self.mcfg.n_embd}D block {self.mcfg.block_size}: "
-            f"{self.model.num_params():,} parameters; global batch {self.ts.batch_size} x accum {self.ts.grad_accum_steps}"
-            f" x {self.dist.world_size} process(es) = {self.tokens_per_step:,} tokens/step"
+            f"{self.model.num_params():,} parameters; micro-batch {self.ts.batch_size} x accum {self.ts.grad_accum_steps}"
+            f" x {self.dist.world_size} process(es) = global batch of {self.tokens_per_step:,} tokens/step"
         )
 
     # --- setup helpers ------------------------------------------------------------------------

@@ -60,3 +60,13 @@ def run_script(script: str, args: list[str], cwd: Path, data_dir: Path, timeout:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def compose(overrides: list[str], output_dir: Path, config_name: str = "config") -> dict:
+    """The resolved config as train.py would see it (compose API: no run dir, so we set one)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = hydra_compose(config_name=config_name, overrides=[f"paths.output_dir={output_dir}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)

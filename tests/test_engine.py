@@ -1,0 +1,175 @@
+"""Training engine: exact resume, preemption, atomic checkpoints under SIGKILL, DDP parity,
+non-finite step guard. Run: pytest tests/test_engine.py"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, TINY_RUN, compose, run_script
+from gpt import checkpoint
+from gpt.errors import TinyGPTError
+from gpt.model import GPT
+from gpt.trainer import train
+
+ENGINE_RUN = [o for o in TINY_RUN if not o.startswith(("train.max_iters", "train.eval_interval", "train.log_interval"))] + [
+    "train.max_iters=30", "train.eval_interval=10", "train.log_interval=1", "optim.warmup_iters=5", "train.sample_tokens=0",
+]
+
+
+def _train_collecting(cfg: dict, stop_after: int | None = None) -> dict[int, float]:
+    losses: dict[int, float] = {}
+
+    def on_step(step: int, loss: float) -> None:
+        losses[step] = loss
+        if step == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)  # the real preemption path, in-process
+
+    train(cfg, on_step=on_step)
+    return losses
+
+
+def test_resume_continues_the_exact_trajectory(tmp_path, data_root):
+    root, data_overrides = data_root
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1"]  # dropout: RNG must resume too
+    full = _train_collecting(compose(overrides, tmp_path / "full"))
+    assert sorted(full) == list(range(1, 31))
+
+    first = _train_collecting(compose(overrides, tmp_path / "split"), stop_after=13)
+    assert sorted(first) == list(range(1, 14))  # stopped after finishing step 13
+    assert checkpoint.latest(tmp_path / "split").name == "ckpt-0000013.pt"
+    rest = _train_collecting(compose(overrides, tmp_path / "split"))  # same run dir: resume=auto
+    assert sorted(rest) == list(range(14, 31))
+    assert {**first, **rest} == full  # bitwise: same floats at every step
+
+
+def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
+    root, data_overrides = data_root
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"]
+    train(compose(overrides, tmp_path / "a"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()}
+    more = _train_collecting(compose([*overrides, "train.max_iters=40", f"resume={tmp_path / 'a'}"], tmp_path / "b"))
+    assert sorted(more) == list(range(31, 41))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()} == before
+    assert checkpoint.latest(tmp_path / "b").name == "ckpt-0000040.pt"
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    args = [*TINY_RUN, *data_overrides, "train.max_iters=100000", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped at step" in out and f"hydra.run.dir={run_dir}" in out
+    stopped_at = checkpoint.load(checkpoint.latest(run_dir))["step"]
+    assert stopped_at >= 5
+
+    resumed = run_script("train.py", [*TINY_RUN, *data_overrides, f"train.max_iters={stopped_at + 3}", f"hydra.run.dir={run_dir}"], tmp_path, root)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {run_dir / 'checkpoints' / checkpoint.step_file(stopped_at)} at step {stopped_at}" in resumed.stdout
+    assert checkpoint.load(checkpoint.latest(run_dir))["step"] == stopped_at + 3
+    assert (run_dir / ".hydra-1" / "overrides.yaml").is_file()  # the first invocation's record is kept
+
+
+_WRITER = """
+import sys, torch
+from gpt import checkpoint
+payload = {"model": {"w": torch.randn(3_000_000)}, "model_config": {}, "step": 0}
+i = 0
+while True:
+    i += 1
+    payload["step"] = i
+    checkpoint.save(sys.argv[1], payload)
+    print(i, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
+def test_sigkill_while_writing_keeps_a_loadable_checkpoint(tmp_path, delay):
+    path = tmp_path / "checkpoints" / checkpoint.step_file(7)
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc.stdout.readline()  # one complete checkpoint exists
+    time.sleep(delay)  # ...and the writer is somewhere in the middle of another
+    proc.kill()
+    proc.wait()
+    ckpt = checkpoint.load(path)
+    assert ckpt["step"] >= 1 and ckpt["model"]["w"].shape == (3_000_000,)
+    assert checkpoint.latest(tmp_path) == path  # a leftover temporary is never taken for a checkpoint
+
+
+def _metrics(run_dir, kind):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(line)["kind"] == kind]
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process(tmp_path, data_root):
+    root, data_overrides = data_root
+    common = [o for o in ENGINE_RUN if not o.startswith(("train.batch_size", "train.max_iters"))] + [*data_overrides, "train.max_iters=12", "device=cpu"]
+    single = run_script("train.py", [*common, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert single.returncode == 0, single.stderr[-2000:]
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+         *common, "train.batch_size=4", f"hydra.run.dir={tmp_path / 'two'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "DDP over 2 processes" in ddp.stdout and "micro-batch 4 x accum 1 x 2 process(es) = global batch of 128" in ddp.stdout
+    one, two = _metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 13))
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(one, two)) <= 1e-5
+    evals_one, evals_two = _metrics(tmp_path / "one", "eval"), _metrics(tmp_path / "two", "eval")
+    assert max(abs(a["val"] - b["val"]) for a, b in zip(evals_one, evals_two)) <= 1e-5
+    assert not any(p.name.startswith(".hydra") for p in tmp_path.iterdir())  # rank 1 made no run dir of its own
+
+
+def _poison(monkeypatch, bad_calls):
+    """Make the training forward pass return NaN on the given (1-based) training calls."""
+    real = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = real(self, idx, targets, **kw)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_isolated_nan_steps_are_skipped(tmp_path, data_root, monkeypatch, caplog):
+    root, data_overrides = data_root
+    _poison(monkeypatch, {4, 9})
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=15"], tmp_path))
+    assert caplog.text.count("update skipped") == 2 and "2 non-finite step(s) skipped" in caplog.text
+    ckpt = checkpoint.load(checkpoint.latest(tmp_path))
+    assert ckpt["step"] == 15 and ckpt["bad_steps"] == 2
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_root, monkeypatch):
+    root, data_overrides = data_root
+    _poison(monkeypatch, set(range(13, 1000)))
+    cfg = compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_bad_steps=3"], tmp_path)
+    with pytest.raises(TinyGPTError, match="diverged: 3 non-finite steps in a row at step 15.*ckpt-0000010.pt"):
+        train(cfg)
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path))["model"].values())
