@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gpt.cli import guard, preflight, take_verbatim
+from gpt.cli import check_keys, guard, preflight, take_verbatim
 
 PROMPT = None  # set from the command line below
 
@@ -29,4 +29,5 @@ if __name__ == "__main__":
     # The prompt is free text, taken as typed rather than parsed as a Hydra override.
     sys.argv[1:], PROMPT = take_verbatim(sys.argv[1:], "prompt")
     preflight(sys.argv[1:], Path(__file__).resolve().parent / "configs")
+    check_keys(sys.argv[1:], Path(__file__).resolve().parent / "configs", "sample")
     main()

@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from gpt.cli import guard, preflight, quiet_non_zero_ranks
+from gpt.cli import check_keys, guard, preflight, quiet_non_zero_ranks
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
@@ -21,5 +21,6 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     preflight(sys.argv[1:], Path(__file__).resolve().parent / "configs")
+    check_keys(sys.argv[1:], Path(__file__).resolve().parent / "configs", "config")
     sys.argv[1:] = quiet_non_zero_ranks(sys.argv[1:])
     main()

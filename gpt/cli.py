@@ -39,6 +39,33 @@ def preflight(argv: list[str], config_dir: Path) -> None:
                 fail(f"unknown {group} config {option!r}; choose one of: {', '.join(choices)} (files in {folder})")
 
 
+def check_keys(argv: list[str], config_dir: Path, config_name: str) -> None:
+    """Compose the config once with the command line's overrides, so that a misspelt key
+    (`train.max_iter=20`) is one line naming it instead of Hydra's multi-line report. Sweeps
+    (-m) are left to Hydra: their comma lists only make sense to a sweeper."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return
+    overrides = [a for a in argv if "=" in a and not a.startswith(("-", "hydra.", "hydra/", "+hydra", "~hydra"))]
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        text = f"{e}\n{e.__cause__ or ''}"
+        bad = next((a for a in overrides if f"'{a.split('=', 1)[0].lstrip('+~')}'" in text), None)
+        if "not in struct" in text and bad:
+            key = bad.split("=", 1)[0]
+            fail(f"unknown setting {key!r}; list the valid keys with `python {config_name_script(config_name)} --cfg job`")
+        fail(text.strip().splitlines()[0])
+
+
+def config_name_script(config_name: str) -> str:
+    return "sample.py" if config_name == "sample" else "train.py"
+
+
 def _protect_earlier_run(run_dir: Path, argv: list[str]) -> None:
     """Training into a directory that already holds a run resumes it (resume=auto) or is refused
     (resume=false). Either way Hydra would overwrite that run's .hydra/ record before any of our

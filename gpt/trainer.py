@@ -85,6 +85,11 @@ class Trainer:
 
         # --- validate everything cheap first ---------------------------------------------------
         self.ts: TrainSettings = train_settings(cfg)
+        if self.ts.eval_iters > self.ts.max_iters:
+            # A smoke run of a big recipe (max_iters=20 with eval_iters=200) would spend far
+            # longer evaluating than training: never evaluate on more batches than it trains on.
+            self.log(f"notice: eval_iters {self.ts.eval_iters} -> {self.ts.max_iters} (no more eval batches than training steps)")
+            self.ts.eval_iters = self.ts.max_iters
         self.optim_settings = optim_settings(cfg)
         self.schedule = CosineSchedule.from_settings(self.optim_settings)
         # Check the model shape now (the vocabulary comes from the data later) so a typo fails

@@ -48,12 +48,12 @@ def data_root(tmp_path_factory) -> tuple[Path, list[str]]:
     return root, [f"data.source.sha256={sha}"]
 
 
-def run_script(script: str, args: list[str], cwd: Path, data_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_script(script: str, args: list[str], cwd: Path, data_dir: Path, timeout: float = 300, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "TINYGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, str(REPO / script), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=stdin,
     )
 
 

@@ -83,6 +83,31 @@ def test_sample_from_latest_run_and_from_run_dir(trained_run, data_root):
     assert not (cwd / "sample.log").exists() and not (cwd / ".hydra").exists()  # sampling writes nothing
 
 
+def test_sample_from_stdin_batch_file_stop_strings_and_jsonl(trained_run, data_root):
+    cwd, run_dir, _ = trained_run
+    root, _ = data_root
+    piped = run_script("sample.py", ["prompt=-", "num_samples=1", "max_new_tokens=30", "temperature=0"], cwd, root, stdin="KING:\n")
+    assert piped.returncode == 0 and "KING:\n" in piped.stdout
+
+    prompts = cwd / "prompts.jsonl"
+    prompts.write_text('"ROMEO:"\n{"prompt": "JULIET: O"}\n')
+    out = cwd / "samples.jsonl"
+    args = [f"prompt_file={prompts}", "num_samples=2", "max_new_tokens=30", "stream=false", f"out_file={out}"]
+    batched = run_script("sample.py", args, cwd, root)
+    assert batched.returncode == 0, batched.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["prompt"], r["sample"]) for r in records] == [("ROMEO:", 0), ("ROMEO:", 1), ("JULIET: O", 0), ("JULIET: O", 1)]
+    assert all(len(r["text"]) == 30 and r["settings"]["max_new_tokens"] == 30 for r in records)
+    streamed = run_script("sample.py", args[:-2], cwd, root)  # streaming, one at a time: same text
+    assert all(r["prompt"] + r["text"] in streamed.stdout for r in records)
+
+    stop = records[0]["text"][10:12]
+    cut = run_script("sample.py", [f"prompt_file={prompts}", "num_samples=1", "max_new_tokens=30", f"stop=[{json.dumps(stop)}]"], cwd, root)
+    assert cut.returncode == 0, cut.stderr
+    first = cut.stdout.split("----------\n", 1)[1].split("\n---------- sample 2", 1)[0]
+    assert first == "ROMEO:" + records[0]["text"][: records[0]["text"].index(stop)]
+
+
 def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run, data_root, tmp_path):
     cwd, run_dir, _ = trained_run
     root, data_overrides = data_root
@@ -98,6 +123,8 @@ def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run,
         ("train.py", [f"hydra.run.dir={run_dir}", "resume=false", *TINY_RUN, *data_overrides], ["already holds a run", "resume=false"]),
         ("train.py", ["optim.lr=fast"], ["optim.lr must be a number", "'fast'"]),
         ("train.py", ["compile=maybe"], ["compile=", "true"]),
+        ("train.py", ["train.max_iter=20"], ["unknown setting 'train.max_iter'", "--cfg job"]),
+        ("sample.py", ["top_p=1.5"], ["top_p must be in (0, 1]"]),
     ]
     for script, args, needles in cases:
         _assert_one_line_error(run_script(script, args, cwd, root), *needles)
