@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, KVCache
+from gpt.rnn import RNNState
 
 logger = logging.getLogger("tinygpt")
 
@@ -104,7 +105,7 @@ class Decoder:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self.model, self.cfg = model, cfg
-        self.block_size = model.config.block_size
+        self.block_size = model.config.block_size  # a recurrent model's training window; unused here
         self.device = next(model.parameters()).device
         lengths = [len(p) for p in prompts]
         width = max(lengths)
@@ -122,6 +123,8 @@ class Decoder:
                 self.seen[b, torch.tensor(p, device=self.device)] = True
 
     def _next_logits(self) -> torch.Tensor:
+        if getattr(self.model, "recurrent", False):
+            return self._next_logits_recurrent()
         width = self.tokens.size(1)
         cache = self.cache
         if self.cfg.use_cache and cache is not None and width - self.offset <= cache.max_len:
@@ -139,6 +142,22 @@ class Decoder:
             self.cache = KVCache(self.model.config.n_layer, room, pad)
             logits, _ = self.model(window, cache=self.cache, last_only=True)
         return logits[:, -1, :].float()
+
+    def _next_logits_recurrent(self) -> torch.Tensor:
+        """Recurrent models carry a fixed-size state instead of a cache and have no context
+        limit. Each prompt is read on its own (padding would flow into the state), then the
+        rows step together. Without `use_cache` every step re-reads each row from the start."""
+        if self.cfg.use_cache and self.cache is not None:
+            logits, _ = self.model(self.tokens[:, -1:], cache=self.cache, last_only=True)
+            return logits[:, -1, :].float()
+        states, last = [], []
+        for b in range(self.tokens.size(0)):
+            state = RNNState()
+            logits, _ = self.model(self.tokens[b : b + 1, int(self.pad[b]) :], cache=state, last_only=True)
+            states.append(state)
+            last.append(logits[:, -1, :])
+        self.cache = RNNState.stack(states)
+        return torch.cat(last).float()
 
     @torch.no_grad()
     def step(self, vocab_limit: int | None = None) -> torch.Tensor:

@@ -1,8 +1,12 @@
 """A decoder-only GPT, readable top to bottom.
 
-    tokens -> token embedding + positional embedding -> dropout
+    tokens -> token embedding (+ positional embedding) -> dropout
            -> n_layer x Block( x + attn(ln_1(x)); x + mlp(ln_2(x)) )
            -> final LayerNorm -> LM head (tied to the token embedding) -> logits
+
+Positions enter either as a table added to the token embeddings (learned, as in GPT-2, or
+fixed sinusoids, as in the original Transformer), as rotations of queries and keys inside
+attention (RoPE), or not at all (causal masking alone still lets a model infer order).
 
 No Hydra and no file I/O here: the model is built from a plain `GPTConfig` so it can be used
 from a notebook, a test or another framework.
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 from gpt.errors import TinyGPTError
 
 ATTENTION_IMPLS = ("sdpa", "manual")
+POS_ENCODINGS = ("learned", "sinusoidal", "rope", "none")
 
 
 @dataclass
@@ -32,6 +37,9 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
     attention: str = "sdpa"  # "sdpa" (fused/flash kernels) or "manual" (explicit math)
+    pos_encoding: str = "learned"  # learned | sinusoidal | rope | none
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None = n_head
+    rope_theta: float = 10000.0  # RoPE base: rotation frequencies are theta^(-2i/head_dim)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -53,6 +61,21 @@ class GPTConfig:
             raise TinyGPTError(
                 f"model.attention={self.attention!r} is unknown; use one of {', '.join(ATTENTION_IMPLS)}"
             )
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise TinyGPTError(f"model.pos_encoding={self.pos_encoding!r} is unknown; use one of {', '.join(POS_ENCODINGS)}")
+        if self.n_kv_head is not None and (
+            not isinstance(self.n_kv_head, int) or self.n_kv_head < 1 or self.n_head % self.n_kv_head
+        ):
+            raise TinyGPTError(
+                f"model.n_kv_head={self.n_kv_head!r} must divide model.n_head={self.n_head} (each key/value head serves "
+                f"n_head / n_kv_head query heads); use a divisor of {self.n_head} or null"
+            )
+        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise TinyGPTError(f"RoPE rotates pairs of channels: n_embd / n_head = {self.n_embd // self.n_head} must be even")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
@@ -65,6 +88,31 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
+    """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim)): each channel
+    pair is a clock of its own frequency, so relative offsets are linear functions of the table."""
+    pos = torch.arange(n_pos, dtype=torch.float32)[:, None]
+    freq = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    table = torch.zeros(n_pos, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return table
+
+
+def rope_tables(n_pos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of angle p * theta^(-2i/head_dim), each (n_pos, head_dim / 2)."""
+    freq = torch.pow(theta, -torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.arange(n_pos, dtype=torch.float32)[:, None] * freq
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (x_i, x_{i+d/2}) of x (B, H, T, d) by their position's angles. A dot
+    product of two rotated vectors depends only on the difference of their positions."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
 
 class KVCache:
@@ -103,34 +151,47 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx  # which KV-cache slot is ours
         self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
         self.head_dim = config.n_embd // config.n_head
         self.impl = config.attention
+        self.rope = config.pos_encoding == "rope"
         self.dropout = config.dropout
-        # Q=XWq, K=XWk, V=XWv computed as one matmul with the three weights stacked.
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.capture = False  # set by GPT.attention_maps: keep the attention weights
+        self.last_weights: torch.Tensor | None = None
+        # Q=XWq, K=XWk, V=XWv computed as one matmul with the three weights stacked. With
+        # grouped-query attention K and V have fewer heads than Q (a smaller KV cache).
+        kv_dim = self.n_kv_head * self.head_dim
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        if self.impl == "manual":
-            # Lower-triangular mask; a buffer so it follows .to(device), not saved in checkpoints.
-            mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-            self.register_buffer("causal_mask", mask, persistent=False)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C). Without a cache, attention is plainly causal over x. With one, x holds
-        the new positions only, and `mask` (B, 1, T, columns so far) says what each may see."""
+        the new positions only, and `mask` (B, 1, T, columns so far) says what each may see.
+        `rope` holds the cos/sin of the positions of x when RoPE is on."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # Split channels into heads: (B, T, C) -> (B, n_head, T, head_dim).
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+        # Split channels into heads: (B, T, C) -> (B, heads, T, head_dim).
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.rope:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.store(self.layer_idx, k, v)
+        if self.n_kv_head != self.n_head:  # each K/V head serves a group of query heads
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
 
-        if self.impl == "sdpa":
+        if self.impl == "sdpa" and not self.capture:
             y = F.scaled_dot_product_attention(
                 q, k, v,
                 attn_mask=mask,
@@ -146,13 +207,15 @@ class CausalSelfAttention(nn.Module):
 
     def _manual_attention(self, q, k, v, mask=None) -> torch.Tensor:
         """A = softmax(QK^T / sqrt(d_k)) with future positions masked out; output A V."""
-        T = q.size(-2)
-        if mask is None:
-            mask = self.causal_mask[:T, :T]
+        if mask is None:  # plain causal: query t sees keys 0..t
+            T = q.size(-2)
+            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         scores = scores.masked_fill(~mask, float("-inf"))
-        weights = self.attn_dropout(F.softmax(scores, dim=-1))
-        return weights @ v
+        weights = F.softmax(scores, dim=-1)
+        if self.capture:
+            self.last_weights = weights.detach()
+        return self.attn_dropout(weights) @ v
 
 
 class MLP(nn.Module):
@@ -179,8 +242,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, mask)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, mask, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -189,15 +252,22 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-            )
+        layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos_encoding == "learned":
+            layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        layers.update(
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         )
+        self.transformer = nn.ModuleDict(layers)
+        # Fixed tables are buffers: they follow .to(device) but are neither trained nor saved.
+        if config.pos_encoding == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+        if config.pos_encoding == "rope":
+            cos, sin = rope_tables(config.block_size, config.n_embd // config.n_head, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: the input embedding and the output projection share one matrix, which
         # saves vocab_size * n_embd parameters and trains better for small models.
@@ -241,9 +311,19 @@ class GPT(nn.Module):
             pos = torch.arange(T, device=idx.device)
         else:
             pos, mask = self._cached_positions(cache, T, idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        rope = None
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(pos)
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[pos]
+        elif self.config.pos_encoding == "rope":
+            # (T, d/2) or (B, T, d/2) -> broadcastable over heads: (1 or B, 1, T, d/2)
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+            rope = (cos.view(-1, 1, T, cos.size(-1)), sin.view(-1, 1, T, sin.size(-1)))
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, cache, mask)
+            x = block(x, cache, mask, rope)
         if cache is not None:
             cache.length += T
         if last_only:
@@ -276,7 +356,7 @@ class GPT(nn.Module):
         """Parameter count; tied weights count once. `non_embedding` drops the position table
         (the token table stays: it is also the LM head)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -286,3 +366,20 @@ class GPT(nn.Module):
         c = self.config
         T = seq_len or c.block_size
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * T
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Attention weights of every layer for idx (B, T): a list of (B, n_head, T, T) tensors,
+        computed with the explicit softmax(QK^T/sqrt(d_k)) path whatever `attention` says."""
+        attns = [block.attn for block in self.transformer.h]
+        was_training = self.training
+        self.eval()
+        try:
+            for a in attns:
+                a.capture = True
+            self(idx)
+            return [a.last_weights for a in attns]
+        finally:
+            for a in attns:
+                a.capture, a.last_weights = False, None
+            self.train(was_training)

@@ -13,13 +13,13 @@ from gpt import checkpoint, runtime
 from gpt.config import SampleSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import SamplingConfig, generate, stream
-from gpt.model import GPT, GPTConfig
+from gpt import architectures
 from gpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 
-def load_model(ckpt_path: Path, device: torch.device) -> tuple[GPT, Tokenizer, dict]:
+def load_model(ckpt_path: Path, device: torch.device) -> tuple[torch.nn.Module, Tokenizer, dict]:
     ckpt = checkpoint.load(ckpt_path, map_location="cpu")
-    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+    model = architectures.build(architectures.config_from_dict(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     model.to(device).eval()
     return model, tokenizer_from_dict(ckpt["tokenizer"]), ckpt

@@ -22,7 +22,7 @@ from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.generation import SamplingConfig, generate
-from gpt.model import GPT, GPTConfig
+from gpt import architectures
 from gpt.optim import CosineSchedule, build_optimizer
 from gpt.preemption import StopRequest
 from gpt.tracking import MetricsFile, NullTracker, TensorBoardTracker, ensure_console_logging, logger
@@ -30,8 +30,9 @@ from gpt.tracking import MetricsFile, NullTracker, TensorBoardTracker, ensure_co
 StepHook = Callable[[int, float], None]  # (step just finished, its loss): tests and tools watch steps
 
 
-def model_config(model_cfg: dict, data: Dataset) -> GPTConfig:
-    """The model section of the config, with the vocabulary taken from the data by default."""
+def model_config(model_cfg: dict, data: Dataset):
+    """The model section of the config (GPTConfig or RNNConfig), with the vocabulary taken
+    from the data by default."""
     model_cfg = dict(model_cfg)
     vocab = data.tokenizer.vocab_size
     if model_cfg.get("vocab_size") is None:
@@ -41,7 +42,7 @@ def model_config(model_cfg: dict, data: Dataset) -> GPTConfig:
             f"model.vocab_size={model_cfg['vocab_size']} is smaller than the tokenizer's {vocab} tokens; "
             f"set model.vocab_size=null to take it from the data"
         )
-    return GPTConfig.from_dict(model_cfg)
+    return architectures.config_from_dict(model_cfg)
 
 
 def check_data_fits(data: Dataset, block_size: int) -> None:
@@ -94,7 +95,7 @@ class Trainer:
         self.schedule = CosineSchedule.from_settings(self.optim_settings)
         # Check the model shape now (the vocabulary comes from the data later) so a typo fails
         # in a second instead of after the data is downloaded and prepared.
-        GPTConfig.from_dict({**cfg["model"], "vocab_size": cfg["model"].get("vocab_size") or 1})
+        architectures.config_from_dict({**cfg["model"], "vocab_size": cfg["model"].get("vocab_size") or 1})
         self.rt = runtime.setup(cfg["device"], cfg["dtype"], cfg["compile"], self.dist.local_rank if self.dist.enabled else None)
         distributed.init(self.dist, self.rt.device)
         # Under torchrun every process resolved its own run directory: rank 0's is the one.
@@ -115,7 +116,7 @@ class Trainer:
         check_data_fits(self.data, self.mcfg.block_size)
         self.log(f"data {self.data.name}: {len(self.data.train):,} train / {len(self.data.val):,} val tokens, vocab {self.data.tokenizer.vocab_size}")
 
-        self.model = GPT(self.mcfg).to(self.rt.device)
+        self.model = architectures.build(self.mcfg).to(self.rt.device)
         self.optimizer = build_optimizer(self.model, self.optim_settings, self.rt.device)
         self.scaler = torch.amp.GradScaler(self.rt.device.type, enabled=self.rt.use_grad_scaler)
         self.batches = RandomWindows(
@@ -138,18 +139,18 @@ class Trainer:
         self.flops_per_token = self.model.flops_per_token()
         self.peak = runtime.peak_flops(self.rt.device, self.ts.peak_flops)
         self.log(
-            f"model {self.mcfg.n_layer}L {self.mcfg.n_head}H {self.mcfg.n_embd}D block {self.mcfg.block_size}: "
+            f"model {architectures.summary(self.mcfg)}: "
             f"{self.model.num_params():,} parameters; micro-batch {self.ts.batch_size} x accum {self.ts.grad_accum_steps}"
             f" x {self.dist.world_size} process(es) = global batch of {self.tokens_per_step:,} tokens/step"
         )
 
     # --- setup helpers ------------------------------------------------------------------------
 
-    def _model_config(self, resumed: dict | None) -> GPTConfig:
+    def _model_config(self, resumed: dict | None):
         mcfg = model_config(self.cfg["model"], self.data)
         if resumed is None:
             return mcfg
-        saved = GPTConfig.from_dict(resumed["model_config"])
+        saved = architectures.config_from_dict(resumed["model_config"])
         if saved != mcfg:
             diff = {k: (v, getattr(mcfg, k)) for k, v in saved.to_dict().items() if getattr(mcfg, k) != v}
             shown = ", ".join(f"model.{k}={new!r} (checkpoint: {old!r})" for k, (old, new) in diff.items())
@@ -180,7 +181,7 @@ class Trainer:
     def _payload(self, full: bool) -> dict:
         p = {
             "model": checkpoint.unwrap(self.model).state_dict(),
-            "model_config": self.mcfg.to_dict(),
+            "model_config": architectures.config_to_dict(self.mcfg),
             "tokenizer": self.data.tokenizer.to_dict(),
             "step": self.step,
             "best_val_loss": self.best_val,
