@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from gpt.errors import TinyGPTError
+from gpt.preemption import Preempted
 
 T = TypeVar("T")
 
@@ -111,6 +112,8 @@ def guard(fn: Callable[[], T]) -> T:
     except TinyGPTError as e:
         _log_to_files(f"error: {e}")
         fail(str(e))
+    except Preempted:  # checkpoint saved and resume command printed: a clean exit
+        sys.exit(0)
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a traceback
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -10,6 +10,11 @@ import signal
 import threading
 
 
+class Preempted(Exception):
+    """Raised by `train()` after a signal-requested stop has saved its checkpoint, so that the
+    entry point exits with status 0 and a sweep does not go on to its next job."""
+
+
 class StopRequest:
     def __init__(self, log=print):
         self.requested = False

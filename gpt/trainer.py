@@ -8,6 +8,7 @@ the best validation loss (what a sweeper optimises).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from gpt.errors import TinyGPTError
 from gpt.generation import SamplingConfig, generate
 from gpt import architectures
 from gpt.optim import CosineSchedule, build_optimizer
-from gpt.preemption import StopRequest
+from gpt.preemption import Preempted, StopRequest
 from gpt.tracking import MetricsFile, NullTracker, TensorBoardTracker, ensure_console_logging, logger
 
 StepHook = Callable[[int, float], None]  # (step just finished, its loss): tests and tools watch steps
@@ -303,6 +304,8 @@ class Trainer:
             tracker.close()
             metrics.close()
 
+        if stopped:
+            raise Preempted(f"stopped at step {self.step}")
         final = last_eval.get("val", float("nan"))
         log(f"done in {time.time() - self.t_start:.1f} s: best val loss {self.best_val:.4f} (final {final:.4f})"
             + (f"; {self.bad_total} non-finite step(s) skipped" if self.bad_total else ""))
@@ -354,8 +357,13 @@ def _changed_settings(old: dict, new: dict, prefix: str = "") -> str:
 
 
 def train(cfg: dict, on_step: StepHook | None = None) -> float:
-    """Train per cfg; returns the best validation loss. Always releases the process group."""
+    """Train per cfg; returns the best validation loss. Raises `Preempted` after a SIGTERM /
+    Ctrl-C stop has saved its checkpoint. Always releases the process group."""
     try:
         return Trainer(cfg, on_step).fit()
     finally:
         distributed.shutdown()
+        # Multirun jobs share this process: hand the last job's memory back before the next.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -18,6 +18,7 @@ from conftest import REPO, TINY_RUN, compose, run_script
 from gpt import checkpoint
 from gpt.errors import TinyGPTError
 from gpt.model import GPT
+from gpt.preemption import Preempted
 from gpt.trainer import train
 
 ENGINE_RUN = [o for o in TINY_RUN if not o.startswith(("train.max_iters", "train.eval_interval", "train.log_interval"))] + [
@@ -33,7 +34,11 @@ def _train_collecting(cfg: dict, stop_after: int | None = None) -> dict[int, flo
         if step == stop_after:
             os.kill(os.getpid(), signal.SIGTERM)  # the real preemption path, in-process
 
-    train(cfg, on_step=on_step)
+    if stop_after is None:
+        train(cfg, on_step=on_step)
+    else:
+        with pytest.raises(Preempted):
+            train(cfg, on_step=on_step)
     return losses
 
 
