@@ -14,9 +14,12 @@ from gpt.cli import check_keys, guard, preflight, quiet_non_zero_ranks
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float:
+    from hydra.core.hydra_config import HydraConfig
+
     from gpt.trainer import train  # imported here so `--help` and config errors stay fast
 
-    return guard(lambda: train(OmegaConf.to_container(cfg, resolve=True)))
+    overrides = list(HydraConfig.get().overrides.task)
+    return guard(lambda: train(OmegaConf.to_container(cfg, resolve=True), overrides=overrides))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ def config_from_dict(d: dict):
     """GPTConfig or RNNConfig from a model section / checkpoint dict (`arch` picks; default gpt)."""
     arch = d.get("arch", "gpt")
     if arch == "gpt":
-        return GPTConfig.from_dict({k: v for k, v in d.items() if k != "arch"})
+        return GPTConfig.from_dict(d)
     if arch in RECURRENT:
         return RNNConfig.from_dict(d)
     raise TinyGPTError(f"model.arch={arch!r} is unknown; use one of {', '.join(ARCHS)}")

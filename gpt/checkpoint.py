@@ -87,6 +87,12 @@ def prune(run_dir: Path, keep_last: int) -> None:
         old.unlink(missing_ok=True)
 
 
+def remove_leftovers(run_dir: Path) -> None:
+    """Delete temporaries of writes that a crash or kill -9 cut short (never complete files)."""
+    for tmp in (Path(run_dir) / CKPT_DIR).glob("*.pt.tmp-*"):
+        tmp.unlink(missing_ok=True)
+
+
 def has_run(run_dir: Path) -> bool:
     return any((Path(run_dir) / CKPT_DIR).glob("*.pt"))
 
@@ -116,6 +122,8 @@ def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Pat
     """Which checkpoint to sample from: an explicit file, else a run directory, else the latest run."""
     if ckpt:
         p = Path(ckpt).expanduser()
+        if p.is_dir():
+            raise TinyGPTError(f"ckpt={p} is a directory; pass run_dir={p} for a run directory, or a .pt file as ckpt")
         if not p.is_file():
             raise TinyGPTError(f"checkpoint {p} does not exist; check the path, or pass run_dir=<run directory>")
         return p

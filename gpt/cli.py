@@ -28,7 +28,7 @@ def preflight(argv: list[str], config_dir: Path) -> None:
         if "=" not in arg or arg.startswith("-"):
             continue
         key, value = arg.split("=", 1)
-        if key == "hydra.run.dir":
+        if key == "hydra.run.dir" and _rank() == 0:
             _protect_earlier_run(Path(value).expanduser(), argv)
         group = key.lstrip("+~")
         folder = config_dir / group
@@ -97,10 +97,15 @@ def take_verbatim(argv: list[str], key: str) -> tuple[list[str], str | None]:
     return rest, value
 
 
+def _rank() -> int:
+    """This process's rank under torchrun or SLURM (see gpt.distributed.from_env), 0 alone."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0") if "SLURM_NTASKS" in os.environ else "0"))
+
+
 def quiet_non_zero_ranks(argv: list[str]) -> list[str]:
     """Under torchrun every rank runs the Hydra app; only rank 0 may create the run directory
     and its logs (the trainer hands rank 0's directory to the others)."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _rank() == 0:
         return argv
     return [*argv, "hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
 

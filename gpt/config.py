@@ -63,6 +63,9 @@ class TrainSettings:
     keep_last: int = 2  # step checkpoints kept (best.pt is extra)
     max_bad_steps: int = 5  # stop after this many non-finite steps in a row
     peak_flops: float | None = None  # accelerator peak FLOP/s for MFU (null: look it up)
+    eval_sample_tokens: int = 0  # a sample of this length at every eval, in TensorBoard (0: none)
+    histogram_every: int = 0  # weight/grad histograms every N evals (0: never)
+    attention_every: int = 0  # attention-map images every N evals (0: never; GPT only)
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -70,8 +73,9 @@ class TrainSettings:
                                   "log_interval", "keep_last", "max_bad_steps"))
         if self.grad_clip < 0:
             raise TinyGPTError(f"train.grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
-        if self.sample_tokens < 0:
-            raise TinyGPTError(f"train.sample_tokens must be >= 0, got {self.sample_tokens}")
+        for name in ("sample_tokens", "eval_sample_tokens", "histogram_every", "attention_every"):
+            if getattr(self, name) < 0:
+                raise TinyGPTError(f"train.{name} must be >= 0 (0 turns it off), got {getattr(self, name)}")
 
 
 @dataclass
@@ -111,7 +115,7 @@ class SampleSettings:
     top_p: float | None = None
     min_p: float | None = None
     repetition_penalty: float = 1.0
-    stop: list | None = None
+    stop: list | str | None = None
     stop_at_eot: bool = True
     seed: int = 1337
     kv_cache: bool = True
@@ -124,7 +128,8 @@ class SampleSettings:
     def __post_init__(self) -> None:
         check_types(self, "")
         _positive(self, "", ("num_samples", "max_new_tokens"))
-        self.stop = [str(x) for x in (self.stop or [])]  # the ranges are checked by SamplingConfig
+        # stop=END and 'stop=[END,"\n\n"]' both work; the ranges are checked by SamplingConfig
+        self.stop = [self.stop] if isinstance(self.stop, str) else [str(x) for x in (self.stop or [])]
 
 
 def train_settings(cfg: dict) -> TrainSettings:

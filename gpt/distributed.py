@@ -32,18 +32,28 @@ class Dist:
 
 
 def from_env() -> Dist:
-    """The process's place in a torchrun job (rank 0 of 1 when not launched by torchrun)."""
-    return Dist(
-        rank=int(os.environ.get("RANK", 0)),
-        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
-    )
+    """The process's place in the job: torchrun's RANK / LOCAL_RANK / WORLD_SIZE, else SLURM's
+    per-task variables (one task per GPU, e.g. via the submitit launcher), else rank 0 of 1."""
+    env = os.environ
+    if "RANK" in env or "SLURM_NTASKS" not in env:
+        return Dist(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+    return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]))
 
 
 def init(d: Dist, device: torch.device) -> None:
     if not d.enabled or dist.is_initialized():
         return
+    if "MASTER_ADDR" not in os.environ:
+        raise TinyGPTError(
+            f"{d.world_size} processes but no MASTER_ADDR / MASTER_PORT to meet at; launch with torchrun, or export them "
+            f"(under SLURM: MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), MASTER_PORT=29500)"
+        )
+    os.environ.setdefault("RANK", str(d.rank))  # the env:// rendezvous reads these
+    os.environ.setdefault("WORLD_SIZE", str(d.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(d.local_rank))
     if device.type == "cuda":
+        if device.index != d.local_rank:
+            raise TinyGPTError(f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda")
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     elif device.type == "cpu":
@@ -82,6 +92,15 @@ def broadcast(obj, d: Dist):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather(obj, d: Dist) -> list:
+    """Every rank's value of a picklable object, as a list indexed by rank (on every rank)."""
+    if not d.enabled:
+        return [obj]
+    out = [None] * d.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def barrier(d: Dist) -> None:

@@ -3,11 +3,13 @@
 No I/O and no Hydra: token-level decoding (`Decoder`) and text-level helpers (`generate`,
 `stream`) that the trainer, sample.py and notebooks share.
 
-Longer than the context: the model has a learned position table of block_size entries, so
-once prompt + generated text outgrow it, each new token is predicted from the last block_size
-tokens, re-encoded at positions 0..block_size-1 (exactly what generation without a cache
-does). The cache then cannot be reused, because every cached key was computed at a position
-that has since shifted; past that point each step recomputes the window.
+Longer than the context: a transformer sees at most block_size tokens, so once prompt +
+generated text outgrow it, each new token is predicted from the last block_size tokens,
+re-encoded at positions 0..block_size-1 (exactly what generation without a cache does). The
+cache then cannot be reused: every cached key was computed at a position that has since
+shifted (learned or sinusoidal tables, and the absolute rotation angles of RoPE too), and with
+several layers a key also depends on the dropped tokens; past that point each step recomputes
+the window. Recurrent models carry a fixed-size state and have no such limit.
 """
 
 from __future__ import annotations
@@ -105,12 +107,11 @@ class Decoder:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self.model, self.cfg = model, cfg
-        self.block_size = model.config.block_size  # a recurrent model's training window; unused here
+        self.block_size = model.config.block_size
         self.device = next(model.parameters()).device
         lengths = [len(p) for p in prompts]
         width = max(lengths)
         self.pad = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
-        self.pad_min = width - max(lengths)  # 0: the longest prompt has no padding
         rows = [[0] * (width - len(p)) + list(p) for p in prompts]
         self.tokens = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, columns so far)
         self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
@@ -133,8 +134,7 @@ class Decoder:
         else:
             # Encode a window from scratch: everything, or once the longest row outgrows the
             # context, its last block_size tokens (shorter rows keep their padding in front).
-            longest = width - self.pad_min
-            self.offset = width - self.block_size if longest > self.block_size else 0
+            self.offset = max(0, width - self.block_size)  # the longest row has no padding
             window = self.tokens[:, self.offset :]
             pad = (self.pad - self.offset).clamp(min=0)
             # The longest row fills the context at block_size + its padding columns.
@@ -190,7 +190,7 @@ class _Row:
     done: bool = False
 
 
-def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
+def encode_prompt(tokenizer, prompt: str, block_size: int | None) -> list[int]:
     """Tokens for a prompt. An empty prompt starts from end-of-text (or a newline when the
     tokenizer has no such token); a prompt longer than the context keeps its last block_size
     tokens, with a notice."""
@@ -203,7 +203,7 @@ def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
         except TinyGPTError:
             raise TinyGPTError("the prompt is empty and this tokenizer has no end-of-text token or newline; give a prompt") from None
     ids = tokenizer.encode(prompt)
-    if len(ids) > block_size:
+    if block_size is not None and len(ids) > block_size:
         logger.warning(f"notice: the prompt has {len(ids)} tokens; the model sees only the last {block_size} (its context)")
         ids = ids[-block_size:]
     return ids
@@ -213,14 +213,14 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingConfig, nu
     """Yield (row, new text) pieces as rows progress. Row r is sample r % num_samples of prompt
     r // num_samples and draws from seed cfg.seed + r % num_samples, so results do not depend
     on how prompts are batched."""
-    block = model.config.block_size
+    # Recurrent models read prompts of any length; a transformer sees its last block_size tokens.
+    block = None if getattr(model, "recurrent", False) else model.config.block_size
     encoded = [encode_prompt(tokenizer, p, block) for p in prompts]
     row_prompts = [ids for ids in encoded for _ in range(num_samples)]
     seeds = [cfg.seed + s for _ in encoded for s in range(num_samples)]
     decoder = Decoder(model, row_prompts, cfg, seeds)
     rows = [_Row() for _ in row_prompts]
     eot = getattr(tokenizer, "eot_id", None) if cfg.stop_at_eot else None
-    longest_stop = max((len(s) for s in cfg.stop), default=0)
 
     was_training = model.training
     model.eval()
@@ -230,8 +230,12 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingConfig, nu
             for r, (row, tok) in enumerate(zip(rows, next_ids)):
                 if row.done:
                     continue
-                if tok == eot:
+                if tok == eot:  # the end: show whatever was held back for a stop string or a partial character
+                    piece = tokenizer.decode(row.ids)[len(row.emitted):]
+                    row.emitted += piece
                     row.done = True
+                    if piece:
+                        yield r, piece
                     continue
                 row.ids.append(tok)
                 piece = _advance(row, _decode_safe(tokenizer, row.ids), cfg.stop)

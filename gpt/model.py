@@ -79,9 +79,12 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Build from a mapping such as a model preset; its `name` is a label, not a field."""
+        """Build from a mapping such as a model preset; its `name` is a label and its `arch`
+        (always "gpt" here) picks this class, neither is a field."""
+        if d.get("arch", "gpt") != "gpt":
+            raise TinyGPTError(f"model.arch={d['arch']!r} is not a GPT; build it with gpt.architectures")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known - {"name"})
+        unknown = sorted(set(d) - known - {"name", "arch"})
         if unknown:
             raise TinyGPTError(f"unknown model setting(s) {', '.join('model.' + k for k in unknown)}; known: {', '.join(sorted(known))}")
         return cls(**{k: v for k, v in d.items() if k in known})
@@ -119,8 +122,8 @@ class KVCache:
     """Keys and values of positions already processed, so that generating the next token costs
     one position's work instead of the whole context's.
 
-    One (B, n_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype the
-    layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
+    One (B, n_kv_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype
+    the layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
     the number of padding columns in front of row b, which no query ever attends to.
     """
 

@@ -106,7 +106,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device | None = None) -> dict:
     """Every random number generator a training step draws from, as checkpointable data
     (tensors and plain Python values only: checkpoints are loaded with weights_only=True)."""
     np_state = np.random.get_state(legacy=False)
@@ -115,8 +115,8 @@ def rng_state() -> dict:
         "numpy": {**np_state, "state": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)), "pos": np_state["state"]["pos"]}},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)  # this process's GPU only
     return state
 
 
@@ -128,7 +128,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
 
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) from vendor datasheets, for the MFU estimate.

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gpt import checkpoint, distributed, runtime
 from gpt.config import TrainSettings, optim_settings, train_settings
@@ -26,7 +30,7 @@ from gpt.generation import SamplingConfig, generate
 from gpt import architectures
 from gpt.optim import CosineSchedule, build_optimizer
 from gpt.preemption import Preempted, StopRequest
-from gpt.tracking import MetricsFile, NullTracker, TensorBoardTracker, ensure_console_logging, logger
+from gpt.tracking import MetricsFile, NullTracker, RunSummary, TensorBoardTracker, ensure_console_logging, logger
 
 StepHook = Callable[[int, float], None]  # (step just finished, its loss): tests and tools watch steps
 
@@ -64,8 +68,9 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
         x, y = batches.next()
         # Under DDP, gradients are all-reduced on the last micro-batch only.
         sync = micro == accum_steps - 1 or not isinstance(model, DDP)
-        with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
-            _, loss = model(x, y)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with rt.autocast():  # the forward pass only; backward runs in the dtypes it recorded
+                _, loss = model(x, y)
             # Each micro-batch contributes 1/accum_steps, so the summed gradient is the mean
             # over the whole batch, as if it had been one forward pass.
             scaler.scale(loss / accum_steps).backward()
@@ -77,11 +82,12 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
 
 
 class Trainer:
-    def __init__(self, cfg: dict, on_step: StepHook | None = None):
+    def __init__(self, cfg: dict, on_step: StepHook | None = None, overrides: list[str] | None = None):
         ensure_console_logging()
         self.t_start = time.time()
         self.cfg = cfg
         self.on_step = on_step
+        self.overrides = overrides or []
         self.dist = distributed.from_env()
         self.log = logger.info if self.dist.is_main else (lambda *a, **k: None)
 
@@ -102,9 +108,16 @@ class Trainer:
         # Under torchrun every process resolved its own run directory: rank 0's is the one.
         self.out_dir = Path(distributed.broadcast(cfg["paths"]["output_dir"], self.dist))
         self.ckpt_dir = self.out_dir / checkpoint.CKPT_DIR
-        resume_from = checkpoint.resume_source(cfg.get("resume", "auto"), self.out_dir)
+        # Rank 0 decides where to resume from (other nodes may not share its filesystem view).
+        resume_from = distributed.broadcast(
+            checkpoint.resume_source(cfg.get("resume", "auto"), self.out_dir) if self.dist.is_main else None, self.dist
+        )
+        if self.dist.is_main:
+            checkpoint.remove_leftovers(self.out_dir)
         self.log(self.rt.describe() + (f"; DDP over {self.dist.world_size} processes" if self.dist.enabled else ""))
-        runtime.seed_everything(cfg["seed"])
+        # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
+        # generator, seeded alike on every rank; see RandomWindows.)
+        runtime.seed_everything(cfg["seed"] + self.dist.rank)
 
         # --- data and model --------------------------------------------------------------------
         if self.dist.is_main:
@@ -152,10 +165,10 @@ class Trainer:
         if resumed is None:
             return mcfg
         saved = architectures.config_from_dict(resumed["model_config"])
-        if saved != mcfg:
-            diff = {k: (v, getattr(mcfg, k)) for k, v in saved.to_dict().items() if getattr(mcfg, k) != v}
-            shown = ", ".join(f"model.{k}={new!r} (checkpoint: {old!r})" for k, (old, new) in diff.items())
-            self.log(f"notice: resuming with the checkpoint's model settings; ignoring {shown}")
+        old, new = architectures.config_to_dict(saved), architectures.config_to_dict(mcfg)
+        diff = [f"model.{k}={new.get(k)!r} (checkpoint: {old.get(k)!r})" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        if diff:
+            self.log(f"notice: resuming with the checkpoint's model settings; ignoring {', '.join(diff)}")
         if resumed["tokenizer"] != self.data.tokenizer.to_dict():
             raise TinyGPTError(
                 "the checkpoint's tokenizer differs from this data's; resume with the data the run was trained on "
@@ -168,18 +181,26 @@ class Trainer:
             raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scaler.load_state_dict(ckpt["scaler"])
+        if self.scaler.is_enabled() and ckpt["scaler"]:  # an fp32/bf16 run's scaler state is empty
+            self.scaler.load_state_dict(ckpt["scaler"])
         self.batches.load_state_dict(ckpt["loader"])
-        runtime.set_rng_state(ckpt["rng"])
+        rng = ckpt["rng"]
+        if isinstance(rng, list):  # one entry per rank
+            if len(rng) != self.dist.world_size:
+                self.log(f"notice: the checkpoint was written by {len(rng)} process(es), this run has {self.dist.world_size}; "
+                         f"random streams restart (results stay valid, not bitwise identical)")
+            rng = rng[self.dist.rank % len(rng)]
+        runtime.set_rng_state(rng)
         self.step = ckpt["step"]
         self.best_val = ckpt["best_val_loss"]
         self.bad_total = ckpt.get("bad_steps", 0)
+        self.bad_in_a_row = ckpt.get("bad_in_a_row", 0)
         changed = _changed_settings(ckpt.get("config", {}), self.cfg)
         self.log(f"resuming from {path} at step {self.step} (best val loss {self.best_val:.4f})" + (f"; changed: {changed}" if changed else ""))
 
     # --- checkpoints --------------------------------------------------------------------------
 
-    def _payload(self, full: bool) -> dict:
+    def _payload(self, full: bool, rng_states: list | None = None) -> dict:
         p = {
             "model": checkpoint.unwrap(self.model).state_dict(),
             "model_config": architectures.config_to_dict(self.mcfg),
@@ -193,18 +214,20 @@ class Trainer:
                 optimizer=self.optimizer.state_dict(),
                 scaler=self.scaler.state_dict(),
                 loader=self.batches.state_dict(),
-                rng=runtime.rng_state(),
+                rng=rng_states,
                 bad_steps=self.bad_total,
+                bad_in_a_row=self.bad_in_a_row,
             )
         return p
 
     def save(self, best: bool = False) -> Path | None:
         """Full-state checkpoint of the current step (rank 0 writes; every rank calls)."""
         path = self.ckpt_dir / checkpoint.step_file(self.step)
+        rng_states = distributed.gather(runtime.rng_state(self.rt.device), self.dist)  # every rank's own
         if self.dist.is_main:
             if best:
                 checkpoint.save(self.ckpt_dir / checkpoint.BEST, self._payload(full=False))
-            checkpoint.save(path, self._payload(full=True))
+            checkpoint.save(path, self._payload(full=True, rng_states=rng_states))
             checkpoint.prune(self.out_dir, self.ts.keep_last)
         distributed.barrier(self.dist)
         return path
@@ -236,29 +259,34 @@ class Trainer:
 
     def fit(self) -> float:
         ts, log = self.ts, self.log
-        tracker = TensorBoardTracker(self.out_dir / "tb") if self.dist.is_main else NullTracker()
-        metrics = MetricsFile(self.out_dir / "metrics.jsonl") if self.dist.is_main else MetricsFile(None)
+        main = self.dist.is_main
+        self.tracker = TensorBoardTracker(self.out_dir / "tb") if main else NullTracker()
+        self.metrics = MetricsFile(self.out_dir / "metrics.jsonl" if main else None)
+        self.summary = RunSummary(
+            self.out_dir / "summary.json" if main else None,
+            params=self.model.num_params(), overrides=list(self.overrides), model=architectures.summary(self.mcfg),
+        )
         if self.step == 0:
-            tracker.config(self.cfg)
-        last_eval: dict[str, float] = {}
+            self.tracker.config(self.cfg)
+        self.tracker.hparams(self.cfg, ["hparams/best_val_loss", "hparams/final_val_loss"])
+        self.last_eval: dict[str, float] = {}
+        self.evals_done = 0
+        self.histogram_due = False
+        self.tokens_per_s = 0.0
         stopped = False
-        t_interval, steps_in_interval = time.time(), 0
         first_step = self.step
         if first_step >= ts.max_iters:
             log(f"this run already reached step {first_step} (train.max_iters={ts.max_iters}); raise train.max_iters to train longer")
+        self.summary.update(step=self.step)
+        bar = tqdm(total=ts.max_iters, initial=first_step, unit="step", dynamic_ncols=True, leave=False,
+                   disable=not (main and sys.stderr.isatty()))  # no bar in log files and CI output
+        t_interval, steps_in_interval = time.time(), 0
         try:
-            with StopRequest(log=logger.warning) as stop:
+            with StopRequest(log=logger.warning if main else (lambda *a: None)) as stop, logging_redirect_tqdm(loggers=[logging.getLogger()]):
                 while True:
                     step = self.step
                     if (step % ts.eval_interval == 0 or step == ts.max_iters) and not (step == first_step and step > 0):
-                        last_eval = self.evaluate()
-                        improved = last_eval["val"] < self.best_val
-                        self.best_val = min(self.best_val, last_eval["val"])
-                        tracker.scalars(step, {"loss/train_eval": last_eval["train"], "loss/val": last_eval["val"]})
-                        metrics.write(kind="eval", step=step, train=last_eval["train"], val=last_eval["val"])
-                        log(f"eval step {step}: train {last_eval['train']:.4f}, val {last_eval['val']:.4f}" + (" (best)" if improved else ""))
-                        if step > 0:
-                            self.save(best=improved)
+                        self._eval_and_save(step)
                         t_interval, steps_in_interval = time.time(), 0  # keep eval time out of step timing
                     if step >= ts.max_iters:
                         break
@@ -266,52 +294,96 @@ class Trainer:
                         path = self.save()
                         stopped = True
                         log(f"stopped at step {step} ({stop.reason or 'signal on another rank'}); checkpoint {path}")
-                        log(f"resume with: python train.py hydra.run.dir={self.out_dir} <the same overrides>")
+                        launcher = "torchrun <its options> train.py" if self.dist.enabled else "python train.py"
+                        log(f"resume with: {launcher} <the same overrides> hydra.run.dir={self.out_dir}")
                         break
 
                     lr = self.schedule(step)
                     for group in self.optimizer.param_groups:
                         group["lr"] = lr
                     loss, norm = train_step(self.step_model, self.batches, self.optimizer, self.scaler, self.rt, ts.grad_accum_steps, ts.grad_clip)
+                    if self.histogram_due:  # gradients exist only until the update below
+                        self.tracker.histograms(step, self.model)
+                        self.histogram_due = False
                     self._apply_or_skip(loss, norm, step)
                     self.step = step + 1
                     steps_in_interval += 1
+                    bar.update(1)
 
                     if self.on_step is not None:
                         self.on_step(self.step, distributed.mean(loss, self.dist).item())
                     if self.step % ts.log_interval == 0:
-                        loss_value = distributed.mean(loss, self.dist).item()  # host sync, once per interval
                         dt = (time.time() - t_interval) / steps_in_interval
-                        values = {"loss/train": loss_value, "lr": lr, "grad_norm": norm.item(),
-                                  "perf/tokens_per_s": self.tokens_per_step / dt, "perf/ms_per_step": dt * 1000}
-                        mfu = ""
-                        if self.peak:
-                            values["perf/mfu"] = self.flops_per_token * values["perf/tokens_per_s"] / (self.peak * self.dist.world_size)
-                            mfu = f", MFU {values['perf/mfu'] * 100:.1f}%"
-                        log(f"step {self.step}/{ts.max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/step, "
-                            f"{values['perf/tokens_per_s']:,.0f} tok/s{mfu}")
-                        tracker.scalars(self.step, values)
-                        metrics.write(kind="train", step=self.step, loss=loss_value, lr=lr, ms_per_step=dt * 1000)
+                        self._log_step(loss, norm, lr, dt, bar)
                         t_interval, steps_in_interval = time.time(), 0
 
-            if not stopped and ts.sample_tokens and self.dist.is_main:
-                with self.rt.autocast():
-                    sampling = SamplingConfig(max_new_tokens=ts.sample_tokens, temperature=0.8, top_k=200, seed=self.cfg["seed"])
-                    text = generate(self.model, self.data.tokenizer, [""], sampling)[0][0]
-                tracker.text("sample", text, self.step)
+            if not stopped and ts.sample_tokens and main:
+                text = self._sample(ts.sample_tokens)
+                self.tracker.text("sample", text, self.step)
                 log(f"---------- sample at step {self.step} ----------\n{text}\n" + "-" * 42)
+        except BaseException as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            self.summary.update(status="interrupted" if interrupted else "failed", error=None if interrupted else str(e),
+                                wall_s=time.time() - self.t_start)
+            raise
         finally:
-            tracker.close()
-            metrics.close()
+            bar.close()
+            self.tracker.close()
+            self.metrics.close()
 
+        final = self.last_eval.get("val", float("nan"))
+        self.summary.update(status="interrupted" if stopped else "finished", step=self.step, wall_s=time.time() - self.t_start)
         if stopped:
             raise Preempted(f"stopped at step {self.step}")
-        final = last_eval.get("val", float("nan"))
         log(f"done in {time.time() - self.t_start:.1f} s: best val loss {self.best_val:.4f} (final {final:.4f})"
             + (f"; {self.bad_total} non-finite step(s) skipped" if self.bad_total else ""))
         log(f"checkpoints: {self.ckpt_dir}   tensorboard: tensorboard --logdir {self.out_dir / 'tb'}")
         log(f"sample with: python sample.py run_dir={self.out_dir}")
         return self.best_val
+
+    def _eval_and_save(self, step: int) -> None:
+        ts = self.ts
+        self.last_eval = self.evaluate()
+        improved = self.last_eval["val"] < self.best_val
+        self.best_val = min(self.best_val, self.last_eval["val"])
+        self.evals_done += 1
+        self.tracker.scalars(step, {"loss/train_eval": self.last_eval["train"], "loss/val": self.last_eval["val"]})
+        self.metrics.write(kind="eval", step=step, train=self.last_eval["train"], val=self.last_eval["val"])
+        self.log(f"eval step {step}: train {self.last_eval['train']:.4f}, val {self.last_eval['val']:.4f}" + (" (best)" if improved else ""))
+        self.tracker.scalars(step, {"hparams/best_val_loss": self.best_val, "hparams/final_val_loss": self.last_eval["val"]})
+        if self.dist.is_main:
+            if ts.eval_sample_tokens:
+                self.tracker.text("samples", self._sample(ts.eval_sample_tokens), step)
+            if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(self.model, "attention_maps"):
+                x, _ = RandomWindows(self.data.val, self.mcfg.block_size, 1, self.rt.device, seed=self.cfg["seed"]).next()
+                self.tracker.attention_images(step, self.model.attention_maps(x))
+        self.histogram_due = bool(ts.histogram_every) and self.evals_done % ts.histogram_every == 0
+        self.summary.update(
+            step=step, best_val_loss=self.best_val, final_val_loss=self.last_eval["val"],
+            tokens_seen=step * self.tokens_per_step, tokens_per_s=self.tokens_per_s, wall_s=time.time() - self.t_start,
+        )
+        if step > 0:
+            self.save(best=improved)
+
+    def _log_step(self, loss: torch.Tensor, norm: torch.Tensor, lr: float, dt: float, bar) -> None:
+        loss_value = distributed.mean(loss, self.dist).item()  # host sync, once per interval
+        self.tokens_per_s = self.tokens_per_step / dt
+        values = {"loss/train": loss_value, "lr": lr, "grad_norm": norm.item(),
+                  "perf/tokens_per_s": self.tokens_per_s, "perf/ms_per_step": dt * 1000}
+        mfu = ""
+        if self.peak:
+            values["perf/mfu"] = self.flops_per_token * self.tokens_per_s / (self.peak * self.dist.world_size)
+            mfu = f", MFU {values['perf/mfu'] * 100:.1f}%"
+        self.log(f"step {self.step}/{self.ts.max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/step, "
+                 f"{self.tokens_per_s:,.0f} tok/s{mfu}")
+        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
+        self.tracker.scalars(self.step, values)
+        self.metrics.write(kind="train", step=self.step, loss=loss_value, lr=lr, ms_per_step=dt * 1000)
+
+    def _sample(self, n_tokens: int) -> str:
+        with self.rt.autocast():
+            sampling = SamplingConfig(max_new_tokens=n_tokens, temperature=0.8, top_k=200, seed=self.cfg["seed"])
+            return generate(self.model, self.data.tokenizer, [""], sampling)[0][0]
 
     def _apply_or_skip(self, loss: torch.Tensor, norm: torch.Tensor, step: int) -> None:
         """Step the optimizer, unless the loss or gradients are not finite: then skip the update
@@ -356,11 +428,11 @@ def _changed_settings(old: dict, new: dict, prefix: str = "") -> str:
     return ", ".join(out)
 
 
-def train(cfg: dict, on_step: StepHook | None = None) -> float:
+def train(cfg: dict, on_step: StepHook | None = None, overrides: list[str] | None = None) -> float:
     """Train per cfg; returns the best validation loss. Raises `Preempted` after a SIGTERM /
     Ctrl-C stop has saved its checkpoint. Always releases the process group."""
     try:
-        return Trainer(cfg, on_step).fit()
+        return Trainer(cfg, on_step, overrides).fit()
     finally:
         distributed.shutdown()
         # Multirun jobs share this process: hand the last job's memory back before the next.

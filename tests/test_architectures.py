@@ -166,6 +166,7 @@ ARCH_RUNS = {
     "rnn": ["model=rnn", "model.n_hidden=16", "model.n_embd=8", "model.block_size=16", "model.n_layer=1"],
     "gpt-rope-gqa": [*TINY_RUN[:5], "model.pos_encoding=rope", "model.n_kv_head=1"],
     "gpt-sinusoidal-manual": [*TINY_RUN[:5], "model.pos_encoding=sinusoidal", "model.attention=manual"],
+    "gpt-no-positions": [*TINY_RUN[:5], "model.pos_encoding=none"],
 }
 
 

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conftest import REPO
+from gpt.architectures import config_from_dict
 from gpt.config import optim_settings, train_settings
 from gpt.model import GPT, GPTConfig
 from gpt.optim import CosineSchedule
@@ -32,7 +33,7 @@ def test_every_option_composes(group, tmp_path):
         cfg = _compose("config", [f"{group}={option}"], tmp_path)
         train_settings(cfg)  # validates the train section
         CosineSchedule.from_settings(optim_settings(cfg))
-        GPTConfig.from_dict({**cfg["model"], "vocab_size": cfg["model"]["vocab_size"] or 65})
+        config_from_dict({**cfg["model"], "vocab_size": cfg["model"]["vocab_size"] or 65})
 
 
 def test_sample_config_composes(tmp_path):

@@ -42,18 +42,25 @@ def _train_collecting(cfg: dict, stop_after: int | None = None) -> dict[int, flo
     return losses
 
 
-def test_resume_continues_the_exact_trajectory(tmp_path, data_root):
+@pytest.mark.parametrize("stop_at, accum", [(13, 1), (10, 2)])  # mid-interval, and right at an eval
+def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, accum):
     root, data_overrides = data_root
-    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1"]  # dropout: RNG must resume too
+    # dropout: the RNG must resume too; accumulation: the data stream must
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1", f"train.grad_accum_steps={accum}"]
     full = _train_collecting(compose(overrides, tmp_path / "full"))
     assert sorted(full) == list(range(1, 31))
 
-    first = _train_collecting(compose(overrides, tmp_path / "split"), stop_after=13)
-    assert sorted(first) == list(range(1, 14))  # stopped after finishing step 13
-    assert checkpoint.latest(tmp_path / "split").name == "ckpt-0000013.pt"
+    first = _train_collecting(compose(overrides, tmp_path / "split"), stop_after=stop_at)
+    assert sorted(first) == list(range(1, stop_at + 1))  # stopped after finishing that step
+    assert checkpoint.latest(tmp_path / "split").name == checkpoint.step_file(stop_at)
     rest = _train_collecting(compose(overrides, tmp_path / "split"))  # same run dir: resume=auto
-    assert sorted(rest) == list(range(14, 31))
+    assert sorted(rest) == list(range(stop_at + 1, 31))
     assert {**first, **rest} == full  # bitwise: same floats at every step
+    a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)) for d in ("full", "split"))
+    assert a["best_val_loss"] == b["best_val_loss"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    evals = lambda d: [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]  # noqa: E731
+    assert [e["step"] for e in evals("split")] == [0, 10, 20, 30]  # no eval repeated or skipped at the resume
 
 
 def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
@@ -122,25 +129,31 @@ def _metrics(run_dir, kind):
 
 
 @pytest.mark.slow
-def test_two_process_ddp_matches_one_process(tmp_path, data_root):
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     root, data_overrides = data_root
-    common = [o for o in ENGINE_RUN if not o.startswith(("train.batch_size", "train.max_iters"))] + [*data_overrides, "train.max_iters=12", "device=cpu"]
+    common = [o for o in ENGINE_RUN if not o.startswith(("train.batch_size", "train.max_iters"))] + [
+        *data_overrides, "train.max_iters=12", "device=cpu", f"train.grad_accum_steps={accum}"]
     single = run_script("train.py", [*common, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
     assert single.returncode == 0, single.stderr[-2000:]
+    work = tmp_path / "ddp"
+    work.mkdir()
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
     ddp = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
-         *common, "train.batch_size=4", f"hydra.run.dir={tmp_path / 'two'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+         *common, "train.batch_size=4"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "DDP over 2 processes" in ddp.stdout and "micro-batch 4 x accum 1 x 2 process(es) = global batch of 128" in ddp.stdout
-    one, two = _metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train")
+    assert "DDP over 2 processes" in ddp.stdout
+    assert f"micro-batch 4 x accum {accum} x 2 process(es) = global batch of {128 * accum}" in ddp.stdout
+    runs = list((work / "outputs" / "runs").iterdir())
+    assert len(runs) == 1 and sorted(p.name for p in work.iterdir()) == ["outputs"]  # rank 1 made no run dir or log
+    one, two = _metrics(tmp_path / "one", "train"), _metrics(runs[0], "train")
     assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 13))
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(one, two)) <= 1e-5
-    evals_one, evals_two = _metrics(tmp_path / "one", "eval"), _metrics(tmp_path / "two", "eval")
+    evals_one, evals_two = _metrics(tmp_path / "one", "eval"), _metrics(runs[0], "eval")
     assert max(abs(a["val"] - b["val"]) for a, b in zip(evals_one, evals_two)) <= 1e-5
-    assert not any(p.name.startswith(".hydra") for p in tmp_path.iterdir())  # rank 1 made no run dir of its own
 
 
 def _poison(monkeypatch, bad_calls):
@@ -178,3 +191,19 @@ def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_roo
         train(cfg)
     assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
     assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path))["model"].values())
+
+
+def test_process_placement_from_torchrun_or_slurm(monkeypatch):
+    from gpt import distributed
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    assert distributed.from_env() == distributed.Dist(0, 0, 1)
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert distributed.from_env() == distributed.Dist(5, 1, 8)
+    monkeypatch.setenv("RANK", "3")  # torchrun inside a SLURM allocation: torchrun's view wins
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert distributed.from_env() == distributed.Dist(3, 3, 4)

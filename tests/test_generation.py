@@ -9,17 +9,23 @@ import pytest
 import torch
 
 from gpt.errors import TinyGPTError
-from gpt.generation import Decoder, SamplingConfig, _advance, _decode_safe, _Row, filter_logits, generate, stream
+from gpt.generation import Decoder, SamplingConfig, _advance, _decode_safe, _Row, filter_logits, generate, penalize_repeats, stream
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import CharTokenizer
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _model(attention="sdpa", block_size=16, vocab=len(ALPHABET)) -> GPT:
+def _model(attention="sdpa", block_size=16, vocab=len(ALPHABET), **kw) -> GPT:
+    """A random model with weights large enough that its outputs depend on the context (at
+    GPT-2's init scale an untrained model repeats one token, and any cache bug would hide)."""
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=vocab, block_size=block_size, n_layer=2, n_head=2, n_embd=32, attention=attention)
-    return GPT(cfg).eval()
+    cfg = GPTConfig(vocab_size=vocab, block_size=block_size, n_layer=2, n_head=2, n_embd=32, attention=attention, **kw)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10)
+    return model
 
 
 def _tokens(model, prompts, use_cache, n=40, **kw):
@@ -34,7 +40,28 @@ def test_greedy_with_cache_equals_without(attention, prompt_len):
     model = _model(attention)
     prompt = torch.randint(0, len(ALPHABET), (prompt_len,)).tolist()
     # 40 new tokens run far past block_size 16, through the sliding window.
-    assert torch.equal(_tokens(model, [prompt], True), _tokens(model, [prompt], False))
+    cached = _tokens(model, [prompt], True)
+    assert torch.equal(cached, _tokens(model, [prompt], False))
+    assert len(set(cached[0].tolist())) >= 8  # a varied sequence, so the comparison means something
+
+
+@pytest.mark.parametrize("kw", [dict(pos_encoding="rope"), dict(pos_encoding="sinusoidal"), dict(n_kv_head=1),
+                                dict(pos_encoding="rope", n_kv_head=1, attention="manual")])
+def test_cache_logits_match_full_recompute_for_every_variant(kw):
+    """Step by step, the cached logits equal those of re-encoding the whole window, also
+    across the slide past block_size and for padded rows."""
+    model = _model(**kw)
+    prompts = [[5, 9, 2, 7, 1], [3]]
+    cfg_c = SamplingConfig(max_new_tokens=30, temperature=0.0, use_cache=True)
+    cfg_n = SamplingConfig(max_new_tokens=30, temperature=0.0, use_cache=False)
+    a, b = Decoder(model, prompts, cfg_c, [0, 0]), Decoder(model, prompts, cfg_n, [0, 0])
+    for _ in range(30):
+        with torch.no_grad():
+            la, lb = a._next_logits(), b._next_logits()
+        assert (la - lb).abs().max().item() < 1e-5 * (1 + lb.abs().max().item())  # float rounding only
+        nxt = la.argmax(-1)  # advance both with the same tokens
+        for d in (a, b):
+            d.tokens = torch.cat([d.tokens, nxt[:, None]], dim=1)
 
 
 def test_prompt_longer_than_context_keeps_its_tail(caplog):
@@ -64,18 +91,21 @@ def test_top_k_one_is_greedy():
 
 
 def test_top_p_and_min_p_keep_exactly_the_right_tokens():
-    probs = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]])
+    # Powers of two: exact in binary, so the boundaries below are exact too.
+    probs = torch.tensor([[0.5, 0.25, 0.125, 0.0625, 0.0625]], dtype=torch.float64)
     logits = probs.log()
     kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()  # noqa: E731
     assert kept(filter_logits(logits, top_p=0.5)) == [0]  # 0.5 alone reaches 0.5
-    assert kept(filter_logits(logits, top_p=0.7)) == [0, 1]  # 0.5 + 0.2 reaches 0.7
-    assert kept(filter_logits(logits, top_p=0.71)) == [0, 1, 2]
+    assert kept(filter_logits(logits, top_p=0.6)) == [0, 1]
+    assert kept(filter_logits(logits, top_p=0.75)) == [0, 1]  # 0.5 + 0.25 reaches 0.75
+    assert kept(filter_logits(logits, top_p=0.76)) == [0, 1, 2]
     assert kept(filter_logits(logits, top_p=1.0)) == [0, 1, 2, 3, 4]
-    assert kept(filter_logits(logits, min_p=0.3)) == [0, 1, 2]  # >= 0.15 = 0.3 * 0.5
-    assert kept(filter_logits(logits, min_p=0.31)) == [0, 1]
+    assert kept(filter_logits(logits, min_p=0.25)) == [0, 1, 2]  # >= 0.125 = 0.25 * 0.5
+    assert kept(filter_logits(logits, min_p=0.26)) == [0, 1]
+    assert kept(filter_logits(logits, min_p=0.125)) == [0, 1, 2, 3, 4]
     assert kept(filter_logits(logits, top_k=2)) == [0, 1]
     shuffled = logits[:, [3, 0, 4, 2, 1]]  # order in the vocabulary must not matter
-    assert kept(filter_logits(shuffled, top_p=0.7)) == [1, 4]
+    assert kept(filter_logits(shuffled, top_p=0.75)) == [1, 4]
 
 
 def test_stop_strings_cut_output_and_streaming_matches():
@@ -149,8 +179,11 @@ def test_invalid_sampling_settings(kw, match):
 
 def test_repetition_penalty_changes_greedy_choice():
     model = _model()
+    logits = torch.tensor([[2.0, 1.0, -1.0, 0.5]])
+    seen = torch.tensor([[True, False, True, False]])
+    out = penalize_repeats(logits, seen, 2.0)
+    assert out.tolist() == [[1.0, 1.0, -2.0, 0.5]]  # seen: positive halved, negative doubled
     plain = _tokens(model, [[1, 2, 3]], True, n=30)
-    penalised = _tokens(model, [[1, 2, 3]], True, n=30, repetition_penalty=5.0)
+    penalised = _tokens(model, [[1, 2, 3]], True, n=30, repetition_penalty=50.0)
     assert not torch.equal(plain, penalised)
-    # a strong penalty makes the greedy sequence avoid repeats for a while
-    assert len(set(penalised[0, :10].tolist())) >= len(set(plain[0, :10].tolist()))
+    assert len(set(penalised[0, :12].tolist())) == 12  # a huge penalty: no token twice for a while
