@@ -1,16 +1,20 @@
-"""What checkpointing and logging cost per training step, at the quickstart config.
+"""What logging, progress reporting and checkpointing cost per training step, at the
+quickstart config.
 
     python benchmarks/overhead.py [--steps 200] [key=value overrides ...]
 
-Builds the quickstart trainer (data from TINYGPT_DATA_DIR or ~/.cache/tinygpt), then times:
-a bare training step; one logging event (the loss read-back, TensorBoard scalars, the
-metrics.jsonl record and the console line); one checkpoint save (full state + best.pt). The
-per-step overhead is each cost divided by its interval (train.log_interval, train.eval_interval).
+Builds the quickstart trainer (data from TINYGPT_DATA_DIR or ~/.cache/tinygpt), then times
+(medians): a bare training step; a progress-bar update (every step); one logging event (loss
+read-back, TensorBoard scalars, metrics.jsonl record, console line; every train.log_interval
+steps); the logging done at an eval (the TensorBoard sample of train.eval_sample_tokens tokens,
+hparams scalars, summary.json; every train.eval_interval steps); one checkpoint save (full state
++ best.pt; every eval). Each cost is divided by its interval and compared to the step time.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -20,7 +24,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from gpt.tracking import MetricsFile, TensorBoardTracker, logger
+from tqdm import tqdm
+
+from gpt.tracking import MetricsFile, RunSummary, TensorBoardTracker, logger
 from gpt.trainer import Trainer, train_step
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -67,17 +73,33 @@ def main() -> None:
         metrics.write(kind="train", step=t.step, loss=value, lr=1e-3, ms_per_step=1.0)
 
     t_log = median_time(log_event, 50)
+    summary = RunSummary(out / "summary.json", params=t.model.num_params())
+
+    def eval_logging():
+        if ts.eval_sample_tokens:
+            tracker.text("samples", t._sample(ts.eval_sample_tokens), t.step)
+        tracker.scalars(t.step, {"hparams/best_val_loss": 1.0, "hparams/final_val_loss": 1.0})
+        summary.update(step=t.step, best_val_loss=1.0, final_val_loss=1.0)
+
+    t_eval_log = median_time(eval_logging, 5)
+    with open(os.devnull, "w") as sink:
+        bar = tqdm(total=10**9, file=sink, dynamic_ncols=True)  # as on a terminal, minus the terminal
+        t_bar = median_time(lambda: bar.update(1), 2000)
+        bar.close()
     t_save = median_time(lambda: t.save(best=True), 5)
     tracker.close()
     metrics.close()
 
-    per_step = t_log / ts.log_interval + t_save / ts.eval_interval
+    logging_cost = t_bar + t_log / ts.log_interval + t_eval_log / ts.eval_interval
+    ckpt_cost = t_save / ts.eval_interval
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {t.model.num_params():,} params, "
           f"batch {ts.batch_size} x block {t.mcfg.block_size}")
-    print(f"{'training step':<28}{t_step * 1000:>10.2f} ms")
-    print(f"{'one logging event':<28}{t_log * 1000:>10.2f} ms   every {ts.log_interval} steps -> {t_log / ts.log_interval * 1000:.3f} ms/step")
-    print(f"{'one checkpoint save':<28}{t_save * 1000:>10.2f} ms   every {ts.eval_interval} steps -> {t_save / ts.eval_interval * 1000:.3f} ms/step")
-    print(f"overhead: {per_step * 1000:.3f} ms/step = {per_step / t_step * 100:.2f}% of a training step")
+    rows = [("training step", t_step, 1), ("progress-bar update", t_bar, 1), ("logging event", t_log, ts.log_interval),
+            ("eval-time logging", t_eval_log, ts.eval_interval), ("checkpoint save", t_save, ts.eval_interval)]
+    for name, cost, every in rows:
+        print(f"{name:<22}{cost * 1000:>10.3f} ms  every {every:>4} step(s) -> {cost / every * 1000:>7.3f} ms/step")
+    print(f"logging + progress: {logging_cost * 1000:.3f} ms/step = {logging_cost / t_step * 100:.2f}% of a training step")
+    print(f"checkpointing:      {ckpt_cost * 1000:.3f} ms/step = {ckpt_cost / t_step * 100:.2f}% of a training step")
 
 
 if __name__ == "__main__":

@@ -81,12 +81,16 @@ def collect(sweep_dir: Path) -> list[dict]:
     return rows
 
 
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 100 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return "" if value is None else str(value)
+def _fmt(column: str, value) -> str:
+    if value is None:
+        return ""
+    if column.endswith("loss"):
+        return f"{value:.4f}"
+    if column == "wall_s":
+        return f"{value:.1f}"
+    if isinstance(value, (int, float)) and column != "run":
+        return f"{value:,.0f}"
+    return str(value)
 
 
 def write_leaderboard(sweep_dir: str | Path) -> list[dict]:
@@ -102,7 +106,7 @@ def write_leaderboard(sweep_dir: str | Path) -> list[dict]:
     lines = [f"# Sweep {sweep_dir.name}: {len(rows)} run(s), sorted by best val loss", ""]
     if rows:
         lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(_fmt(row[c]) for c in COLUMNS) + " |" for row in rows]
+        lines += ["| " + " | ".join(_fmt(c, row[c]) for c in COLUMNS) + " |" for row in rows]
     else:
         lines.append("No runs yet.")
     (sweep_dir / "leaderboard.md").write_text("\n".join(lines) + "\n")
