@@ -1,18 +1,31 @@
-"""Tokenizers behind one small interface.
+"""Tokenizers behind one small interface: encode, decode, vocab_size, eot_id (None when the
+tokenizer has no end-of-text token) and a plain-dict form.
 
-Every tokenizer serialises to a plain dict (`to_dict`) that is stored in each checkpoint, so that
-sampling rebuilds exactly the tokenizer the model was trained with and needs nothing else.
+The dict form is stored in every checkpoint and in prepared data's meta.json, so sampling
+rebuilds exactly the tokenizer the model was trained with and needs nothing else.
+
+- char: one token per character, alphabet fitted on the data.
+- byte: the 256 byte values of UTF-8, plus end-of-text (256). Any text round-trips.
+- tiktoken: OpenAI's BPE encodings by name (gpt2, r50k_base, p50k_base, cl100k_base,
+  o200k_base), downloaded by tiktoken on first use; or GPT-2's encoding from a local ranks file
+  (`ranks_file`), for offline and air-gapped machines.
 """
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Protocol
 
 from gpt.errors import TinyGPTError
 
+TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
+GPT2_EOT = "<|endoftext|>"
+
 
 class Tokenizer(Protocol):
     kind: str
+    eot_id: int | None
 
     @property
     def vocab_size(self) -> int: ...
@@ -29,6 +42,7 @@ class CharTokenizer:
     same text always gives the same ids)."""
 
     kind = "char"
+    eot_id = None
 
     def __init__(self, chars: list[str]):
         if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
@@ -65,14 +79,99 @@ class CharTokenizer:
         return {"kind": self.kind, "chars": self.chars}
 
 
-_KINDS = {"char": CharTokenizer}
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (0..255) and end-of-text as 256."""
+
+    kind = "byte"
+    eot_id = 256
+
+    @property
+    def vocab_size(self) -> int:
+        return 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        # A model can emit bytes that do not form valid UTF-8: show U+FFFD instead of failing.
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind}
+
+
+class TiktokenTokenizer:
+    """A tiktoken BPE encoding. `gpt2` is the same encoding as `r50k_base` (50,257 tokens,
+    <|endoftext|> = 50256), so it is loaded as r50k_base, whose single ranks file is what
+    tiktoken caches (or what `ranks_file` points to)."""
+
+    kind = "tiktoken"
+
+    def __init__(self, name: str = "gpt2", ranks_file: str | None = None):
+        if name not in TIKTOKEN_NAMES:
+            raise TinyGPTError(f"tiktoken encoding {name!r} is unknown; use one of {', '.join(TIKTOKEN_NAMES)}")
+        self.name, self.ranks_file = name, ranks_file
+        self.enc = _load_encoding(name, ranks_file)
+        self.eot_id = self.enc.eot_token
+
+    @property
+    def vocab_size(self) -> int:
+        return self.enc.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        # Ordinary encoding: text that happens to spell "<|endoftext|>" is not a control token.
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts, num_threads=1)  # processes parallelise, not threads
+
+    def decode(self, ids: list[int]) -> str:
+        return self.enc.decode(ids)  # invalid UTF-8 pieces become U+FFFD
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "ranks_file": self.ranks_file}
+
+
+def _load_encoding(name: str, ranks_file: str | None):
+    import tiktoken
+
+    # A ranks file recorded on another machine may be missing here: then try tiktoken itself.
+    if ranks_file and Path(ranks_file).expanduser().is_file():
+        path = Path(ranks_file).expanduser()
+        if name not in ("gpt2", "r50k_base"):
+            raise TinyGPTError(
+                f"a local ranks file is supported for gpt2 / r50k_base; for {name}, let tiktoken download it once "
+                f"(or copy it into $TIKTOKEN_CACHE_DIR)"
+            )
+        from tiktoken.load import load_tiktoken_bpe
+        from tiktoken_ext.openai_public import r50k_pat_str
+
+        ranks = load_tiktoken_bpe(str(path))
+        return tiktoken.Encoding(name=name, pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={GPT2_EOT: len(ranks)})
+    try:
+        return tiktoken.get_encoding("r50k_base" if name == "gpt2" else name)
+    except Exception as e:  # tiktoken raises whatever its HTTP client raised
+        missing = f"ranks file {ranks_file} does not exist and " if ranks_file else ""
+        raise TinyGPTError(
+            f"cannot load tiktoken encoding {name!r}: {missing}tiktoken's download failed ({type(e).__name__}). Offline, "
+            f"pass data.tokenizer.ranks_file=<r50k_base.tiktoken> (gpt2/r50k_base) or copy the ranks file into "
+            f"$TIKTOKEN_CACHE_DIR (see README, Offline data)"
+        ) from None
+
+
+_KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenTokenizer}
+
+
+def normalize_spec(d: dict) -> dict:
+    """The settings that matter for this kind of tokenizer: `data.tokenizer.kind=byte` on top of
+    a BPE config leaves name/ranks_file behind, and they must neither break nor fingerprint it."""
+    kind = d.get("kind")
+    if kind not in _KINDS:
+        raise TinyGPTError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(_KINDS)}")
+    accepted = set(inspect.signature(_KINDS[kind].__init__).parameters) - {"self"}
+    return {"kind": kind, **{k: v for k, v in d.items() if k in accepted}}
 
 
 def tokenizer_from_dict(d: dict) -> Tokenizer:
-    kind = d.get("kind")
-    if kind not in _KINDS:
-        raise TinyGPTError(
-            f"unknown tokenizer kind {kind!r} in checkpoint or metadata; known: {', '.join(_KINDS)}"
-        )
-    params = {k: v for k, v in d.items() if k != "kind"}
-    return _KINDS[kind](**params)
+    spec = normalize_spec(d)
+    return _KINDS[spec.pop("kind")](**spec)

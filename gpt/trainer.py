@@ -51,11 +51,13 @@ def model_config(model_cfg: dict, data: Dataset):
 
 
 def check_data_fits(data: Dataset, block_size: int) -> None:
-    for split, tokens in (("train", data.train), ("val", data.val)):
-        if len(tokens) < block_size + 1:
+    for split, shards in (("train", data.train), ("val", data.val)):
+        longest = max((len(s) for s in shards), default=0)
+        if longest < block_size + 1:
             raise TinyGPTError(
-                f"model.block_size={block_size} is longer than the {split} split ({len(tokens)} tokens); "
-                f"use a block_size below {len(tokens)} or more data"
+                f"model.block_size={block_size} is longer than the {split} split ({Dataset.tokens(shards)} tokens"
+                f"{', in shards of at most ' + str(longest) if len(shards) > 1 else ''}); "
+                f"use a block_size below {longest} or more data"
             )
 
 
@@ -128,7 +130,8 @@ class Trainer:
         resumed = checkpoint.load(resume_from) if resume_from else None
         self.mcfg = self._model_config(resumed)
         check_data_fits(self.data, self.mcfg.block_size)
-        self.log(f"data {self.data.name}: {len(self.data.train):,} train / {len(self.data.val):,} val tokens, vocab {self.data.tokenizer.vocab_size}")
+        self.log(f"data {self.data.name}: {Dataset.tokens(self.data.train):,} train / {Dataset.tokens(self.data.val):,} val tokens, "
+                 f"vocab {self.data.tokenizer.vocab_size}")
 
         self.model = architectures.build(self.mcfg).to(self.rt.device)
         self.optimizer = build_optimizer(self.model, self.optim_settings, self.rt.device)

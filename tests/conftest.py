@@ -14,6 +14,8 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+SHARED_RANKS = REPO.parent / "shared" / "data" / "tiktoken" / "r50k_base.tiktoken"
+R50K_CACHE_NAME = "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4"  # sha1 of tiktoken's r50k_base URL
 
 # A tiny model and run that every end-to-end test can afford on 2 CPU cores.
 TINY_RUN = [
@@ -60,6 +62,23 @@ def run_script(script: str, args: list[str], cwd: Path, data_dir: Path, timeout:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def gpt2_ranks() -> Path | None:
+    """GPT-2's real BPE ranks file when ../shared has it (None otherwise)."""
+    return SHARED_RANKS if SHARED_RANKS.is_file() else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline_tiktoken(tmp_path_factory, gpt2_ranks):
+    """Seed a private tiktoken cache so get_encoding("gpt2"/"r50k_base") works offline (also in
+    subprocesses, which inherit the environment), and keep tests off the Hub."""
+    if gpt2_ranks is not None and not os.environ.get("TIKTOKEN_CACHE_DIR"):
+        cache = tmp_path_factory.mktemp("tiktoken")
+        (cache / R50K_CACHE_NAME).write_bytes(gpt2_ranks.read_bytes())
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def compose(overrides: list[str], output_dir: Path, config_name: str = "config") -> dict:

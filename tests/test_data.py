@@ -90,15 +90,24 @@ def _write_text(tmp_path) -> Path:
     return p
 
 
+def prep_char(src, out, val_fraction=0.1):
+    settings = {"identity": SHA, "val_fraction": val_fraction, "split_by": "tail", "num_proc": 1}
+    return prepare.prepare([src.read_text()], {"kind": "char"}, out, settings, log=lambda *_: None)
+
+
+def _same(a, b):
+    return {k: v for k, v in a.items() if k != "tokenize_seconds"} == {k: v for k, v in b.items() if k != "tokenize_seconds"}
+
+
 def test_prepare_is_idempotent(tmp_path):
     src = _write_text(tmp_path)
     out = tmp_path / "prep"
-    meta = prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
+    meta = prep_char(src, out)
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    assert prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None) == meta
+    assert prep_char(src, out) == meta
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # nothing rewritten
-    train = prepare.open_split(out, meta, "train")
-    val = prepare.open_split(out, meta, "val")
+    (train,) = prepare.open_split(out, meta, "train")
+    (val,) = prepare.open_split(out, meta, "val")
     assert len(train) + len(val) == len(TEXT) and len(val) == len(TEXT) - int(len(TEXT) * 0.9)
     tok = prepare.tokenizer_of(meta)
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == TEXT
@@ -108,27 +117,28 @@ def test_prepare_is_idempotent(tmp_path):
 def test_prepare_survives_interruption(tmp_path, monkeypatch):
     src = _write_text(tmp_path)
     out = tmp_path / "prep"
-    reference = prepare.prepare_char(src, tmp_path / "ref", 0.1, SHA, log=lambda *_: None)
+    reference = prep_char(src, tmp_path / "ref")
 
     real_write = prepare._write_tokens
 
     def dies_on_val(path, tokens):
-        if path.name == "val.bin":
+        if path.name == "val-0000.bin":
             raise KeyboardInterrupt  # as if Ctrl-C arrived between the two splits
         real_write(path, tokens)
 
     monkeypatch.setattr(prepare, "_write_tokens", dies_on_val)
     with pytest.raises(KeyboardInterrupt):
-        prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
+        prep_char(src, out)
     assert not (out / "meta.json").exists()
     assert prepare.read_meta(out, reference["fingerprint"]) is None
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
 
     monkeypatch.setattr(prepare, "_write_tokens", real_write)
-    meta = prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
-    assert meta == reference
+    meta = prep_char(src, out)
+    assert _same(meta, reference)
     for split in prepare.SPLITS:
-        assert (out / f"{split}.bin").read_bytes() == (tmp_path / "ref" / f"{split}.bin").read_bytes()
+        name = prepare.shard_name(split, 0)
+        assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
 def test_crash_inside_an_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
@@ -140,20 +150,20 @@ def test_crash_inside_an_atomic_write_leaves_no_temporary(tmp_path, monkeypatch)
 
     monkeypatch.setattr(prepare.os, "replace", no_rename)
     with pytest.raises(OSError):
-        prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
+        prep_char(src, out)
     assert [p.name for p in out.iterdir()] == []
 
 
 def test_truncated_tokens_or_changed_settings_trigger_reprepare(tmp_path):
     src = _write_text(tmp_path)
     out = tmp_path / "prep"
-    meta = prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
-    full = (out / "train.bin").read_bytes()
-    (out / "train.bin").write_bytes(full[:100])  # e.g. a disk filled up mid-copy
+    meta = prep_char(src, out)
+    full = (out / "train-0000.bin").read_bytes()
+    (out / "train-0000.bin").write_bytes(full[:100])  # e.g. a disk filled up mid-copy
     assert prepare.read_meta(out, meta["fingerprint"]) is None
-    prepare.prepare_char(src, out, 0.1, SHA, log=lambda *_: None)
-    assert (out / "train.bin").read_bytes() == full
-    other = prepare.prepare_char(src, out, 0.2, SHA, log=lambda *_: None)
+    prep_char(src, out)
+    assert (out / "train-0000.bin").read_bytes() == full
+    other = prep_char(src, out, 0.2)
     assert other["fingerprint"] != meta["fingerprint"]
     assert json.loads((out / "meta.json").read_text())["settings"]["val_fraction"] == 0.2
 
@@ -162,13 +172,14 @@ def test_load_data_end_to_end_with_download(server, tmp_path):
     base, _ = server
     cfg = {
         "name": "tiny",
-        "tokenizer": "char",
+        "tokenizer": {"kind": "char"},
         "val_fraction": 0.1,
-        "source": {"url": f"{base}/input.txt", "sha256": SHA, "filename": "corpus/input.txt"},
+        "split_by": "tail",
+        "source": {"kind": "url", "url": f"{base}/input.txt", "sha256": SHA, "filename": "corpus/input.txt"},
     }
     data = load_data(cfg, tmp_path, log=lambda *_: None)
     assert (tmp_path / "corpus" / "input.txt").is_file() and (tmp_path / "tiny" / "meta.json").is_file()
-    assert data.tokenizer.decode(data.train[:14].tolist()) == "First Citizen:"
+    assert data.tokenizer.decode(data.train[0][:14].tolist()) == "First Citizen:"
 
 
 def test_random_windows_are_shifted_and_reproducible():

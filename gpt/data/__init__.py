@@ -1,7 +1,8 @@
-"""Data: text source -> tokenizer -> token files + meta.json -> batches.
+"""Data: text source -> tokenizer -> token shards (memmap) + meta.json -> batches.
 
 `load_data` is the one call the trainer makes; it downloads and prepares on first use and
-reuses prepared data afterwards.
+reuses prepared data (same fingerprint) afterwards. `python -m gpt.data data=<name>` prepares
+ahead of time.
 """
 
 from __future__ import annotations
@@ -11,33 +12,43 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt.data.download import ensure_file
-from gpt.data.prepare import open_split, prepare_char, tokenizer_of
-from gpt.errors import TinyGPTError
-from gpt.tokenizer import Tokenizer
+from gpt.data.prepare import open_split, prepare as prepare_documents, tokenizer_of
+from gpt.data.sources import open_source
+from gpt.tokenizer import Tokenizer, normalize_spec
 
 
 @dataclass
 class Dataset:
     name: str
-    train: np.ndarray
-    val: np.ndarray
+    train: list[np.ndarray]  # shards (memmaps)
+    val: list[np.ndarray]
     tokenizer: Tokenizer
     meta: dict
+
+    @staticmethod
+    def tokens(shards: list[np.ndarray]) -> int:
+        return sum(len(s) for s in shards)
+
+
+def preparation_settings(data_cfg: dict, identity: str) -> dict:
+    return {
+        "identity": identity,
+        "val_fraction": data_cfg.get("val_fraction", 0.1),
+        "split_by": data_cfg.get("split_by", "documents"),
+        "seed": data_cfg.get("seed", 1337),
+        "max_docs": data_cfg.get("max_docs"),
+        "max_tokens": data_cfg.get("max_tokens"),
+        "shard_tokens": data_cfg.get("shard_tokens", 100_000_000),
+        "num_proc": data_cfg.get("num_proc"),
+    }
 
 
 def load_data(data_cfg: dict, data_root: str | Path, log=print) -> Dataset:
     root = Path(data_root).expanduser()
-    if data_cfg.get("tokenizer") != "char":
-        raise TinyGPTError(f"data.tokenizer={data_cfg.get('tokenizer')!r} is not supported; use data=shakespeare_char")
-    val_fraction = float(data_cfg["val_fraction"])
-    if not 0.0 < val_fraction < 1.0:
-        raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-
-    src = data_cfg["source"]
-    text_path = ensure_file(src["url"], root / src["filename"], src["sha256"], log=log)
     out_dir = root / data_cfg["name"]
-    meta = prepare_char(text_path, out_dir, val_fraction, src["sha256"], log=log)
+    source = open_source(data_cfg["source"], root, log=log)
+    tokenizer_spec = normalize_spec(dict(data_cfg.get("tokenizer") or {"kind": "char"}))
+    meta = prepare_documents(source.documents, tokenizer_spec, out_dir, preparation_settings(data_cfg, source.identity), log=log)
     return Dataset(
         name=data_cfg["name"],
         train=open_split(out_dir, meta, "train"),

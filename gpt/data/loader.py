@@ -18,7 +18,7 @@ class RandomWindows:
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens: np.ndarray | list[np.ndarray],
         block_size: int,
         batch_size: int,
         device: torch.device,
@@ -26,9 +26,12 @@ class RandomWindows:
         rank: int = 0,
         world_size: int = 1,
     ):
-        if len(tokens) < block_size + 1:
-            raise ValueError(f"{len(tokens)} tokens cannot fill one window of {block_size + 1}")
-        self.tokens = tokens
+        self.shards = [tokens] if isinstance(tokens, np.ndarray) else list(tokens)
+        # A window never crosses shards: shard i offers len - block_size start positions, and
+        # starts are drawn uniformly over all of them (so every token is equally likely).
+        self._starts = np.cumsum([max(0, len(s) - block_size) for s in self.shards])
+        if len(self._starts) == 0 or self._starts[-1] == 0:
+            raise ValueError(f"no shard holds a window of {block_size + 1} tokens")
         self.block_size = block_size
         self.batch_size = batch_size
         self.device = device
@@ -40,9 +43,15 @@ class RandomWindows:
         self._pin = device.type == "cuda"
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(self.tokens) - self.block_size, (self.global_batch,), generator=self.generator)
-        starts = starts[self.rows].numpy()
-        windows = torch.from_numpy(self.tokens[starts[:, None] + self._offsets].astype(np.int64))
+        draws = torch.randint(int(self._starts[-1]), (self.global_batch,), generator=self.generator)
+        draws = draws[self.rows].numpy()
+        if len(self.shards) == 1:
+            rows = self.shards[0][draws[:, None] + self._offsets]
+        else:
+            which = np.searchsorted(self._starts, draws, side="right")
+            local = draws - np.concatenate([[0], self._starts[:-1]])[which]
+            rows = np.stack([self.shards[w][o : o + self.block_size + 1] for w, o in zip(which, local)])
+        windows = torch.from_numpy(rows.astype(np.int64))
         if self._pin:
             windows = windows.pin_memory()
         windows = windows.to(self.device, non_blocking=True)

@@ -1,24 +1,38 @@
-"""Turn a text file into token files (memmap-able .bin) plus a meta.json, once.
+"""Documents -> tokens -> train/val token shards (memmap-able .bin files) + meta.json, once.
+
+1. Tokenize documents in parallel processes (order kept), each BPE/byte document followed by
+   the end-of-text token, appending to one temporary stream with a record of document lengths.
+2. Split: by documents (a seeded random choice of documents goes to val), or `tail` (the last
+   val_fraction of the token stream, for single-document corpora such as Tiny Shakespeare).
+3. Write each split as shards of at most `shard_tokens` tokens (uint16 when the vocabulary fits,
+   else uint32), then meta.json.
 
 `meta.json` is the commit marker: it is written last, atomically, and only a meta whose
-fingerprint matches the requested settings *and* whose token files have the recorded sizes
-counts as prepared data. Anything else (a crash mid-way, a kill -9, changed settings) is
-prepared again from scratch.
+fingerprint matches the requested settings *and* whose shards have the recorded sizes counts
+as prepared data. A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next
+run prepares again from scratch, deterministically, to the same token stream.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import multiprocessing as mp
 import os
+import sys
+import time
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
-from gpt.tokenizer import CharTokenizer, tokenizer_from_dict
+from gpt.errors import TinyGPTError
+from gpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SPLITS = ("train", "val")
+_CHUNK_DOCS = 256  # documents per task sent to a worker process
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -26,24 +40,39 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def fingerprint(settings: dict) -> str:
-    blob = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True)
+    blob = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def shard_name(split: str, i: int) -> str:
+    return f"{split}-{i:04d}.bin"
 
 
 def read_meta(out_dir: Path, expected_fingerprint: str) -> dict | None:
     """The meta of complete, matching prepared data in out_dir, or None."""
     try:
         meta = json.loads((out_dir / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("fingerprint") != expected_fingerprint:
-        return None
-    itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in SPLITS:
-        path = out_dir / f"{split}.bin"
-        if not path.exists() or path.stat().st_size != meta["tokens"][split] * itemsize:
+        if meta.get("fingerprint") != expected_fingerprint:
             return None
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        for split in SPLITS:
+            for i, n in enumerate(meta["shards"][split]):
+                path = out_dir / shard_name(split, i)
+                if not path.exists() or path.stat().st_size != n * itemsize:
+                    return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
     return meta
+
+
+def open_split(out_dir: Path, meta: dict, split: str) -> list[np.memmap]:
+    """The shards of a split as read-only memmaps: nothing is loaded into RAM."""
+    dtype = np.dtype(meta["dtype"])
+    return [np.memmap(out_dir / shard_name(split, i), dtype=dtype, mode="r") for i, n in enumerate(meta["shards"][split]) if n]
+
+
+def tokenizer_of(meta: dict) -> Tokenizer:
+    return tokenizer_from_dict(meta["tokenizer"])
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -62,44 +91,196 @@ def _write_tokens(path: Path, tokens: np.ndarray) -> None:
     _atomic_write_bytes(path, tokens.tobytes())
 
 
-def prepare_char(text_path: Path, out_dir: Path, val_fraction: float, source_sha256: str, log=print) -> dict:
-    """Character-level preparation: fit the alphabet on the whole text, split the first
-    (1 - val_fraction) of it for training and the rest for validation."""
-    settings = {"tokenizer": "char", "source_sha256": source_sha256, "val_fraction": val_fraction}
-    fp = fingerprint(settings)
+# --- tokenization in worker processes ----------------------------------------------------------
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tok_dict: dict) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer_from_dict(tok_dict)
+
+
+def _encode_chunk(texts: list[str]) -> list[list[int]]:
+    tok = _worker_tokenizer
+    batch = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
+    if tok.eot_id is not None:  # documents end with end-of-text, so the model learns where they stop
+        for ids in batch:
+            ids.append(tok.eot_id)
+    return batch
+
+
+def _chunks(docs: Iterable[str], n: int) -> Iterator[list[str]]:
+    it = iter(docs)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
+
+
+def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iterator[list[int]]:
+    """Token ids of every document, in order, computed by `num_proc` processes."""
+    if num_proc <= 1:
+        _init_worker(tok.to_dict())
+        for chunk in _chunks(docs, _CHUNK_DOCS):
+            yield from _encode_chunk(chunk)
+        return
+    # fork: workers start instantly and never touch CUDA (tokenizing needs none).
+    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(tok.to_dict(),)) as pool:
+        for batch in pool.imap(_encode_chunk, _chunks(docs, _CHUNK_DOCS), chunksize=1):
+            yield from batch
+
+
+# --- the pipeline --------------------------------------------------------------------------------
+
+
+def prepare(
+    documents: Iterable[str],
+    tokenizer_spec: dict,
+    out_dir: Path,
+    settings: dict,
+    log=print,
+    progress: bool | None = None,
+) -> dict:
+    """Prepare `documents` into out_dir unless prepared data with the same fingerprint is there.
+
+    settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
+    num_proc, max_docs, max_tokens, shard_tokens."""
+    # Where a tokenizer's files live does not change its tokens: leave ranks_file out.
+    tok_identity = {k: v for k, v in tokenizer_spec.items() if k != "ranks_file"}
+    fp_settings = {k: v for k, v in settings.items() if k != "num_proc"} | {"tokenizer": tok_identity}
+    fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp)
     if meta is not None:
         return meta
 
-    log(f"preparing {text_path} -> {out_dir} (char-level, val_fraction={val_fraction})")
+    val_fraction = float(settings["val_fraction"])
+    if not 0.0 < val_fraction < 1.0:
+        raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    fit_chars = tokenizer_spec["kind"] == "char" and "chars" not in tokenizer_spec
+    tok: Tokenizer | None = None if fit_chars else tokenizer_from_dict(tokenizer_spec)  # fail before touching files
     out_dir.mkdir(parents=True, exist_ok=True)
     # Invalidate first: from here until the new meta lands, the folder reads as unprepared.
     (out_dir / "meta.json").unlink(missing_ok=True)
+    for old in out_dir.glob("*.bin"):
+        old.unlink()
+    _remove_dead_temporaries(out_dir)
 
-    text = Path(text_path).read_text(encoding="utf-8")
-    tok = CharTokenizer.fit(text)
+    if settings.get("max_docs"):
+        documents = itertools.islice(documents, int(settings["max_docs"]))
+    if fit_chars:
+        documents = list(documents)  # the alphabet is fitted on the whole corpus first
+        tok = CharTokenizer.fit("".join(documents))
     dtype = token_dtype(tok.vocab_size)
-    ids = np.array(tok.encode(text), dtype=dtype)
-    n_train = int(len(ids) * (1.0 - val_fraction))
-    parts = {"train": ids[:n_train], "val": ids[n_train:]}
-    for split in SPLITS:
-        _write_tokens(out_dir / f"{split}.bin", parts[split])
+    num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
+
+    stream_path = out_dir / f"stream.tmp-{os.getpid()}"
+    try:
+        doc_lengths, seconds = _tokenize_to_stream(documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), log, progress)
+        if not doc_lengths:
+            raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
+        stream = np.memmap(stream_path, dtype=dtype, mode="r") if sum(doc_lengths) else np.zeros(0, dtype)
+        parts = _split(stream, np.array(doc_lengths), val_fraction, settings.get("split_by", "documents"), int(settings.get("seed", 0)))
+        shards = {}
+        for split in SPLITS:
+            shards[split] = _write_shards(out_dir, split, parts[split], int(settings.get("shard_tokens") or 100_000_000))
+        del stream
+    finally:
+        stream_path.unlink(missing_ok=True)
 
     meta = {
         "format": FORMAT_VERSION,
         "fingerprint": fp,
-        "settings": settings,
+        "settings": fp_settings,
         "tokenizer": tok.to_dict(),
         "dtype": dtype.name,
-        "tokens": {split: int(len(parts[split])) for split in SPLITS},
+        "documents": len(doc_lengths),
+        "tokens": {split: int(sum(shards[split])) for split in SPLITS},
+        "shards": shards,
+        "tokenize_seconds": round(seconds, 3),
+        "num_proc": num_proc,
     }
     _atomic_write_bytes(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
+    log(f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
+        f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))")
     return meta
 
 
-def open_split(out_dir: Path, meta: dict, split: str) -> np.memmap:
-    return np.memmap(out_dir / f"{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r")
+def _remove_dead_temporaries(out_dir: Path) -> None:
+    """Temporaries of a preparation that was killed; a live writer's (another process preparing
+    right now) are left alone."""
+    for tmp in out_dir.glob("*.tmp-*"):
+        try:
+            os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
+        except (ValueError, ProcessLookupError):
+            tmp.unlink(missing_ok=True)
+        except PermissionError:
+            pass  # alive, owned by someone else
 
 
-def tokenizer_of(meta: dict):
-    return tokenizer_from_dict(meta["tokenizer"])
+def _tokenize_to_stream(documents, tok, num_proc, dtype, path: Path, max_tokens, log, progress) -> tuple[list[int], float]:
+    from tqdm import tqdm
+
+    lengths: list[int] = []
+    total = 0
+    t0 = time.time()
+    bar = tqdm(desc="tokenizing", unit=" docs", disable=None if progress is None else not progress, dynamic_ncols=True)
+    with open(path, "wb") as out:
+        for ids in encode_documents(documents, tok, num_proc):
+            if max_tokens and total + len(ids) > int(max_tokens):
+                ids = ids[: int(max_tokens) - total]
+            if ids:
+                out.write(np.asarray(ids, dtype=dtype).tobytes())
+                lengths.append(len(ids))
+                total += len(ids)
+            bar.update(1)
+            if bar.n % 1000 == 0:
+                bar.set_postfix(tokens=f"{total:,}", tok_s=f"{total / max(time.time() - t0, 1e-9):,.0f}", refresh=False)
+            if max_tokens and total >= int(max_tokens):
+                break
+    bar.close()
+    return lengths, time.time() - t0
+
+
+def _split(stream: np.ndarray, lengths: np.ndarray, val_fraction: float, split_by: str, seed: int) -> dict[str, list[np.ndarray]]:
+    """Pieces (views of the stream) that make up each split, in stream order."""
+    if split_by == "tail":
+        cut = int(len(stream) * (1.0 - val_fraction))
+        return {"train": [stream[:cut]], "val": [stream[cut:]]}
+    if split_by != "documents":
+        raise TinyGPTError(f"data.split_by={split_by!r} is unknown; use documents or tail")
+    n = len(lengths)
+    if n < 2:
+        raise TinyGPTError("splitting by documents needs at least 2 documents; this corpus has 1: use data.split_by=tail")
+    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    is_val = np.zeros(n, dtype=bool)
+    is_val[np.random.default_rng(seed).permutation(n)[:n_val]] = True
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    for start, length, val in zip(starts, lengths, is_val):
+        parts["val" if val else "train"].append(stream[start : start + length])
+    return parts
+
+
+def _write_shards(out_dir: Path, split: str, pieces: list[np.ndarray], shard_tokens: int) -> list[int]:
+    """Concatenate pieces into shards of at most shard_tokens tokens; returns their sizes."""
+    sizes: list[int] = []
+    buffer: list[np.ndarray] = []
+    filled = 0
+
+    def flush():
+        nonlocal buffer, filled
+        _write_tokens(out_dir / shard_name(split, len(sizes)), np.concatenate(buffer) if buffer else np.zeros(0))
+        sizes.append(filled)
+        buffer, filled = [], 0
+
+    for piece in pieces:
+        while len(piece):
+            take = piece[: shard_tokens - filled]
+            buffer.append(np.asarray(take))
+            filled += len(take)
+            piece = piece[len(take) :]
+            if filled == shard_tokens:
+                flush()
+    if filled or not sizes:
+        flush()
+    return sizes
