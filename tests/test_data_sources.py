@@ -293,3 +293,12 @@ def test_prepare_command_and_bpe_training(tmp_path, data_root, gpt2_ranks):
     assert "vocab 50257" in proc.stdout and "preparing" not in proc.stdout.lower()  # reused what gpt.data prepared
     sample = run_script("sample.py", ["num_samples=1", "max_new_tokens=20", "prompt=ROMEO:"], tmp_path, root)
     assert sample.returncode == 0 and "ROMEO:" in sample.stdout
+
+
+def test_caps_limit_documents_and_tokens(tmp_path):
+    folder = _write_corpus(tmp_path / "corpus", "txt")
+    base = _cfg("c", {"kind": "local", "path": str(folder)}, {"kind": "byte"})
+    capped = load_data({**base, "name": "tok", "max_tokens": 500}, tmp_path / "root", log=lambda *a: None)
+    assert sum(capped.meta["tokens"].values()) == 500
+    docs = load_data({**base, "name": "docs", "max_docs": 5}, tmp_path / "root", log=lambda *a: None)
+    assert docs.meta["documents"] == 5 and _stream(docs).count(256) == 5

@@ -101,13 +101,17 @@ def _init_worker(tok_dict: dict) -> None:
     _worker_tokenizer = tokenizer_from_dict(tok_dict)
 
 
-def _encode_chunk(texts: list[str]) -> list[list[int]]:
+def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of a chunk of documents, concatenated, and each document's length. Numpy arrays,
+    not lists of ints: they cross the process boundary as raw bytes."""
     tok = _worker_tokenizer
     batch = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
     if tok.eot_id is not None:  # documents end with end-of-text, so the model learns where they stop
         for ids in batch:
             ids.append(tok.eot_id)
-    return batch
+    lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
+    flat = np.fromiter((t for ids in batch for t in ids), dtype=np.uint32, count=int(lengths.sum()))
+    return flat, lengths
 
 
 def _chunks(docs: Iterable[str], n: int) -> Iterator[list[str]]:
@@ -116,18 +120,17 @@ def _chunks(docs: Iterable[str], n: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iterator[list[int]]:
-    """Token ids of every document, in order, computed by `num_proc` processes."""
+def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(tokens, document lengths) chunk by chunk, in document order, computed by `num_proc`
+    processes."""
     if num_proc <= 1:
         _init_worker(tok.to_dict())
-        for chunk in _chunks(docs, _CHUNK_DOCS):
-            yield from _encode_chunk(chunk)
+        yield from map(_encode_chunk, _chunks(docs, _CHUNK_DOCS))
         return
     # fork: workers start instantly and never touch CUDA (tokenizing needs none).
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
     with ctx.Pool(num_proc, initializer=_init_worker, initargs=(tok.to_dict(),)) as pool:
-        for batch in pool.imap(_encode_chunk, _chunks(docs, _CHUNK_DOCS), chunksize=1):
-            yield from batch
+        yield from pool.imap(_encode_chunk, _chunks(docs, _CHUNK_DOCS), chunksize=1)
 
 
 # --- the pipeline --------------------------------------------------------------------------------
@@ -222,20 +225,24 @@ def _tokenize_to_stream(documents, tok, num_proc, dtype, path: Path, max_tokens,
 
     lengths: list[int] = []
     total = 0
+    limit = int(max_tokens) if max_tokens else None
     t0 = time.time()
     bar = tqdm(desc="tokenizing", unit=" docs", disable=None if progress is None else not progress, dynamic_ncols=True)
     with open(path, "wb") as out:
-        for ids in encode_documents(documents, tok, num_proc):
-            if max_tokens and total + len(ids) > int(max_tokens):
-                ids = ids[: int(max_tokens) - total]
-            if ids:
-                out.write(np.asarray(ids, dtype=dtype).tobytes())
-                lengths.append(len(ids))
-                total += len(ids)
-            bar.update(1)
-            if bar.n % 1000 == 0:
-                bar.set_postfix(tokens=f"{total:,}", tok_s=f"{total / max(time.time() - t0, 1e-9):,.0f}", refresh=False)
-            if max_tokens and total >= int(max_tokens):
+        for flat, doc_lengths in encode_documents(documents, tok, num_proc):
+            if limit is not None and total + len(flat) > limit:  # the cap cuts the last document short
+                keep = limit - total
+                ends = np.cumsum(doc_lengths)
+                n_docs = int(np.searchsorted(ends, keep, side="left")) + 1
+                doc_lengths = doc_lengths[:n_docs].copy()
+                doc_lengths[-1] -= int(ends[n_docs - 1] - keep)
+                flat = flat[:keep]
+            out.write(flat.astype(dtype, copy=False).tobytes())
+            lengths.extend(int(n) for n in doc_lengths if n)
+            total += len(flat)
+            bar.update(len(doc_lengths))
+            bar.set_postfix(tokens=f"{total:,}", tok_s=f"{total / max(time.time() - t0, 1e-9):,.0f}", refresh=False)
+            if limit is not None and total >= limit:
                 break
     bar.close()
     return lengths, time.time() - t0
