@@ -302,3 +302,23 @@ def test_caps_limit_documents_and_tokens(tmp_path):
     assert sum(capped.meta["tokens"].values()) == 500
     docs = load_data({**base, "name": "docs", "max_docs": 5}, tmp_path / "root", log=lambda *a: None)
     assert docs.meta["documents"] == 5 and _stream(docs).count(256) == 5
+
+
+def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
+    """An Encoding from a ranks file the test wrote: prepare, train, checkpoint, sample."""
+    from gpt.generation import SamplingConfig, generate
+    from gpt.sampling import load_model
+
+    from gpt import checkpoint
+
+    ranks = write_ranks(tmp_path / "r.tiktoken")
+    corpus = _write_corpus(tmp_path / "corpus", "txt")
+    overrides = [*TINY_RUN, "data=local", f"data.source.path={corpus}", "data.name=tinybpe",
+                 f"data.tokenizer.ranks_file={ranks}", f"paths.data_dir={tmp_path / 'root'}",
+                 "train.max_iters=6", "train.eval_interval=3", "train.sample_tokens=0"]
+    train(compose(overrides, tmp_path / "run"))
+    model, tok, ckpt = load_model(checkpoint.checkpoint_in_run(tmp_path / "run"), torch.device("cpu"))
+    assert ckpt["tokenizer"] == {"kind": "tiktoken", "name": "gpt2", "ranks_file": str(ranks)}
+    assert tok.vocab_size == 267 and model.config.vocab_size == 267
+    text = generate(model, tok, ["the "], SamplingConfig(max_new_tokens=20, temperature=1.0))[0][0]
+    assert isinstance(text, str) and len(text) > 0
