@@ -40,3 +40,23 @@ def summary(config) -> str:
     if c.kv_heads != c.n_head:
         extras.append(f"{c.kv_heads} kv heads")
     return f"{c.n_layer}L {c.n_head}H {c.n_embd}D block {c.block_size}" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def model_from_checkpoint(ckpt: dict, dropout: float | None = None) -> nn.Module:
+    """The plain model in a checkpoint; a LoRA finetune's adapters are folded in."""
+    from gpt.lora import apply_lora, has_lora, merge_lora
+
+    config = dict(ckpt["model_config"])
+    if dropout is not None:
+        config["dropout"] = dropout
+    model = build(config_from_dict(config))
+    if has_lora(ckpt["model"]):
+        lora = ckpt.get("lora") or {}
+        apply_lora(model, lora.get("rank", 1), lora.get("alpha", 1.0))
+        model.load_state_dict(ckpt["model"])
+        merge_lora(model)
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        model.load_state_dict(ckpt["model"])
+    return model

@@ -103,9 +103,26 @@ class OptimSettings:
 
 
 @dataclass
+class FinetuneSettings:
+    block_size: int | None = None  # crop a pretrained model's context (e.g. GPT-2's 1024) to this
+    freeze_embeddings: bool = False  # token (+ position) embeddings; with tying, the LM head too
+    freeze_layers: int = 0  # freeze the first N transformer blocks
+    lora_rank: int = 0  # > 0: train low-rank adapters on the attention and MLP projections only
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    require_init: bool = False  # set by finetune experiments: init_from must be given
+
+    def __post_init__(self) -> None:
+        check_types(self, "finetune")
+        if self.freeze_layers < 0 or self.lora_rank < 0 or (self.block_size is not None and self.block_size < 1):
+            raise TinyGPTError("finetune.freeze_layers and finetune.lora_rank must be >= 0, finetune.block_size positive or null")
+
+
+@dataclass
 class SampleSettings:
     run_dir: str | None = None
     ckpt: str | None = None
+    init_from: str | None = None
     prompt: str = "\n"
     prompt_file: str | None = None
     num_samples: int = 3
@@ -138,6 +155,10 @@ def train_settings(cfg: dict) -> TrainSettings:
 
 def optim_settings(cfg: dict) -> OptimSettings:
     return _take(OptimSettings, "optim", cfg.get("optim", {}))
+
+
+def finetune_settings(cfg: dict) -> FinetuneSettings:
+    return _take(FinetuneSettings, "finetune", cfg.get("finetune") or {})
 
 
 def sample_settings(cfg: dict) -> SampleSettings:

@@ -40,6 +40,7 @@ class GPTConfig:
     pos_encoding: str = "learned"  # learned | sinusoidal | rope | none
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None = n_head
     rope_theta: float = 10000.0  # RoPE base: rotation frequencies are theta^(-2i/head_dim)
+    activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (the approximation OpenAI's GPT-2 used)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -70,6 +71,8 @@ class GPTConfig:
                 f"model.n_kv_head={self.n_kv_head!r} must divide model.n_head={self.n_head} (each key/value head serves "
                 f"n_head / n_kv_head query heads); use a divisor of {self.n_head} or null"
             )
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise TinyGPTError(f"model.activation={self.activation!r} is unknown; use gelu or gelu_tanh")
         if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
             raise TinyGPTError(f"RoPE rotates pairs of channels: n_embd / n_head = {self.n_embd // self.n_head} must be even")
 
@@ -227,7 +230,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 

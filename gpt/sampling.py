@@ -19,8 +19,7 @@ from gpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 def load_model(ckpt_path: Path, device: torch.device) -> tuple[torch.nn.Module, Tokenizer, dict]:
     ckpt = checkpoint.load(ckpt_path, map_location="cpu")
-    model = architectures.build(architectures.config_from_dict(ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+    model = architectures.model_from_checkpoint(ckpt)
     model.to(device).eval()
     return model, tokenizer_from_dict(ckpt["tokenizer"]), ckpt
 
@@ -74,10 +73,17 @@ def sample(cfg: dict, s: SampleSettings, out=None, stdin=None) -> list[list[str]
     or generates all prompts as one batch and prints them at the end."""
     out = out or sys.stdout
     gen_cfg = sampling_config(s)  # validates the sampling controls before any loading
-    ckpt_path = checkpoint.resolve(s.ckpt, s.run_dir, cfg["paths"]["runs_dir"])
     prompts = read_prompts(s, stdin)
     rt = runtime.setup(s.device, s.dtype, s.compile)
-    model, tokenizer, ckpt = load_model(ckpt_path, rt.device)
+    if s.init_from:  # a pretrained model as it is, e.g. init_from=gpt2
+        from gpt.pretrained import load_initial
+
+        model, tokenizer = load_initial(s.init_from, dropout=0.0)
+        model.to(rt.device).eval()
+        ckpt_path, ckpt = s.init_from, {}
+    else:
+        ckpt_path = checkpoint.resolve(s.ckpt, s.run_dir, cfg["paths"]["runs_dir"])
+        model, tokenizer, ckpt = load_model(ckpt_path, rt.device)
     if hasattr(tokenizer, "unknown_chars"):  # fail before any output, not mid-way
         for p in prompts:
             tokenizer.encode(p)

@@ -172,6 +172,15 @@ def normalize_spec(d: dict) -> dict:
     return {"kind": kind, **{k: v for k, v in d.items() if k in accepted}}
 
 
+def tokenizer_identity(d: dict) -> dict:
+    """What decides the token ids: not where a ranks file lives, and gpt2 is r50k_base."""
+    spec = normalize_spec(d)
+    spec.pop("ranks_file", None)
+    if spec.get("name") == "gpt2":
+        spec["name"] = "r50k_base"
+    return spec
+
+
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     spec = normalize_spec(d)
     return _KINDS[spec.pop("kind")](**spec)

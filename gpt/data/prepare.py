@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from gpt.errors import TinyGPTError
-from gpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict
+from gpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
 
 FORMAT_VERSION = 2
 SPLITS = ("train", "val")
@@ -149,7 +149,7 @@ def prepare(
     settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
     num_proc, max_docs, max_tokens, shard_tokens."""
     # Where a tokenizer's files live does not change its tokens: leave ranks_file out.
-    tok_identity = {k: v for k, v in tokenizer_spec.items() if k != "ranks_file"}
+    tok_identity = tokenizer_identity(tokenizer_spec) if tokenizer_spec["kind"] != "char" else tokenizer_spec
     fp_settings = {k: v for k, v in settings.items() if k != "num_proc"} | {"tokenizer": tok_identity}
     fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp)

@@ -1,0 +1,113 @@
+"""Loss, perplexity and bits per byte of a model on a data split or a text file:
+
+    python -m gpt.eval ckpt=outputs/runs/<stamp>/checkpoints/best.pt            # its data's val split
+    python -m gpt.eval run_dir=outputs/runs/<stamp> split=train max_tokens=200000
+    python -m gpt.eval init_from=gpt2 text_file=essay.txt
+    python -m gpt.eval ckpt=... data=shakespeare split=val                     # another prepared dataset
+
+Every token is scored once: the text is cut into consecutive windows of block_size + 1 tokens
+(the first token of each window is context only). Bits per byte = total loss / ln 2 / the UTF-8
+bytes of the scored text, which compares models with different tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt.errors import TinyGPTError
+
+
+@torch.no_grad()
+def evaluate_tokens(model, tokens: np.ndarray, tokenizer, device, batch_size: int = 16, max_tokens: int | None = None) -> dict:
+    block = model.config.block_size
+    tokens = np.asarray(tokens[: max_tokens + 1] if max_tokens else tokens)
+    n_windows = (len(tokens) - 1) // block
+    if n_windows < 1:
+        raise TinyGPTError(f"the text has {len(tokens)} tokens; evaluating needs more than block_size={block}")
+    model.eval()
+    total_loss, total_tokens, total_bytes = 0.0, 0, 0
+    for start in range(0, n_windows, batch_size):
+        rows = range(start, min(start + batch_size, n_windows))
+        windows = np.stack([tokens[r * block : r * block + block + 1] for r in rows]).astype(np.int64)
+        x = torch.from_numpy(windows[:, :-1]).to(device)
+        y = torch.from_numpy(windows[:, 1:]).to(device)
+        logits, _ = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+        total_loss += loss.item()
+        total_tokens += y.numel()
+        total_bytes += sum(len(tokenizer.decode(row.tolist()).encode("utf-8")) for row in windows[:, 1:])
+    mean = total_loss / total_tokens
+    return {"tokens": total_tokens, "bytes": total_bytes, "loss": mean, "perplexity": math.exp(mean),
+            "bits_per_byte": total_loss / math.log(2) / max(total_bytes, 1)}
+
+
+def main(argv: list[str]) -> None:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from gpt import checkpoint, runtime
+    from gpt.cli import guard
+    from gpt.data import load_data
+    from gpt.pretrained import load_initial
+    from gpt.sampling import load_model
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return
+    opts = {"ckpt": None, "run_dir": None, "init_from": None, "text_file": None, "split": "val", "max_tokens": None,
+            "batch_size": "16", "device": "auto"}
+    data_overrides = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in opts:
+            opts[key] = value
+        else:
+            data_overrides.append(arg)
+
+    def run():
+        rt = runtime.setup(opts["device"], "auto", False)
+        if opts["init_from"]:
+            model, tokenizer = load_initial(opts["init_from"], dropout=0.0)
+            model.to(rt.device)
+            train_cfg, what = None, opts["init_from"]
+        else:
+            path = checkpoint.resolve(opts["ckpt"], opts["run_dir"], "outputs")
+            model, tokenizer, ckpt = load_model(path, rt.device)
+            train_cfg, what = ckpt.get("config"), str(path)
+        max_tokens = int(opts["max_tokens"]) if opts["max_tokens"] else None
+        if opts["text_file"]:
+            text_path = Path(opts["text_file"]).expanduser()
+            if not text_path.is_file():
+                raise TinyGPTError(f"text_file {text_path} does not exist")
+            tokens = np.array(tokenizer.encode(text_path.read_text(encoding="utf-8")), dtype=np.int64)
+            source = str(text_path)
+        else:
+            configs = Path(__file__).resolve().parent.parent / "configs"
+            with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+                cfg = OmegaConf.to_container(compose("config", overrides=[*data_overrides, "paths.output_dir=."]), resolve=True)
+            data_cfg = cfg["data"] if (data_overrides or not train_cfg) else train_cfg["data"]
+            data = load_data(data_cfg, cfg["paths"]["data_dir"], log=lambda *a: None)
+            from gpt.tokenizer import tokenizer_identity
+
+            if tokenizer_identity(data.tokenizer.to_dict()) != tokenizer_identity(tokenizer.to_dict()):
+                raise TinyGPTError(f"data {data.name} uses another tokenizer than the model; pick data prepared with the model's")
+            split = opts["split"]
+            if split not in ("train", "val"):
+                raise TinyGPTError(f"split={split!r}: use train or val")
+            tokens = np.concatenate([np.asarray(s) for s in getattr(data, split)])
+            source = f"{data.name} {split}"
+        r = evaluate_tokens(model, tokens, tokenizer, rt.device, int(opts["batch_size"]), max_tokens)
+        print(f"{what} on {source}: {r['tokens']:,} tokens ({r['bytes']:,} bytes): loss {r['loss']:.4f}, "
+              f"perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}")
+        return r
+
+    guard(run)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,76 @@
+"""LoRA (Hu et al., 2021): finetune a frozen model through low-rank updates W + (alpha/r) B A of
+chosen Linear layers, then fold them into W for export (merged and unmerged give the same
+outputs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+DEFAULT_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))  # starts as a no-op
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
+
+    def merged(self) -> nn.Linear:
+        with torch.no_grad():
+            self.base.weight += (self.lora_B @ self.lora_A) * self.scale
+        return self.base
+
+
+def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float = 0.0, targets=DEFAULT_TARGETS) -> int:
+    """Wrap every Linear whose name ends with a target; freeze everything else. Returns how many."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    wrapped = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and name.endswith(tuple(targets)):
+            parent, attr = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+            setattr(parent, attr, LoRALinear(module, rank, alpha, dropout))
+            wrapped += 1
+    return wrapped
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight, in place; the model is a plain one again."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear):
+            parent, attr = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+            setattr(parent, attr, module.merged())
+    return model
+
+
+def has_lora(state_dict: dict) -> bool:
+    return any(".lora_A" in k for k in state_dict)
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict the merged model would have, without touching the model: adapters folded
+    into their base weights, `.base.` dropped from the keys, adapter tensors left out."""
+    scales = {name: m.scale for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    state = model.state_dict()
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        if ".base." in key:
+            owner, leaf = key.split(".base.")
+            if leaf == "weight":
+                value = value + (state[f"{owner}.lora_B"] @ state[f"{owner}.lora_A"]) * scales[owner]
+            key = f"{owner}.{leaf}"
+        out[key] = value
+    return out

@@ -1,0 +1,189 @@
+"""GPT-2 weights in and out, in Hugging Face's format (config.json + model.safetensors or
+pytorch_model.bin), so models move between tinygpt and the transformers ecosystem.
+
+Hugging Face's GPT-2 stores its projections as `Conv1D` layers, whose weights are the transpose
+of an `nn.Linear`'s; everything else maps one to one. OpenAI's GPT-2 uses the tanh
+approximation of GELU, so imported models get `activation="gelu_tanh"`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from gpt.errors import TinyGPTError
+from gpt.model import GPT, GPTConfig
+from gpt.tokenizer import TiktokenTokenizer
+
+HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def is_hf_source(source: str) -> bool:
+    """A Hub model name, or a folder holding a Hugging Face config.json."""
+    return source in HUB_MODELS or (Path(source).expanduser() / "config.json").is_file()
+
+
+def _resolve_dir(source: str) -> Path:
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if source not in HUB_MODELS:
+        raise TinyGPTError(f"{source!r} is neither a folder with config.json nor one of {', '.join(HUB_MODELS)}")
+    from huggingface_hub import snapshot_download
+
+    patterns = ["config.json", "model.safetensors", "pytorch_model.bin", "vocab.json", "merges.txt", "tokenizer.json"]
+    try:  # the local Hugging Face cache first: works offline once downloaded
+        return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(source, allow_patterns=patterns))
+    except Exception as e:
+        raise TinyGPTError(
+            f"cannot download {source} from the Hugging Face Hub ({type(e).__name__}); offline, put its config.json and "
+            f"model.safetensors (or pytorch_model.bin) in a folder and pass that folder instead"
+        ) from None
+
+
+def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise TinyGPTError(f"{folder} holds no model.safetensors or pytorch_model.bin")
+
+
+def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, TiktokenTokenizer | None]:
+    """Our GPT with the weights of a Hugging Face GPT-2 (Hub name or local folder), and the GPT-2
+    tokenizer when its vocabulary is GPT-2's (None for other vocabularies, e.g. our exports of
+    char-level models, whose tokenizer is in tinygpt_tokenizer.json)."""
+    folder = _resolve_dir(source)
+    hf = json.loads((folder / "config.json").read_text())
+    if hf.get("model_type") != "gpt2":
+        raise TinyGPTError(f"{folder} holds a {hf.get('model_type')!r} model; only GPT-2 checkpoints can be loaded")
+    activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(hf.get("activation_function", "gelu_new"))
+    if activation is None:
+        raise TinyGPTError(f"activation {hf['activation_function']!r} of {folder} is not supported (gelu, gelu_new)")
+    config = GPTConfig(
+        vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"],
+        n_embd=hf["n_embd"], dropout=dropout, bias=True, activation=activation,
+    )
+    hf_state = _read_state_dict(folder)
+    state = {}
+    for key, value in hf_state.items():
+        key = key if key.startswith("transformer.") or key.startswith("lm_head.") else f"transformer.{key}"
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of old checkpoints, not weights
+        state[key] = value.t() if key.endswith(_TRANSPOSED) else value
+    state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
+    model = GPT(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise TinyGPTError(f"{folder} does not match a GPT-2 of its config: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    tokenizer = _tokenizer_for(folder, config.vocab_size)
+    return model, tokenizer
+
+
+def _tokenizer_for(folder: Path, vocab_size: int):
+    ours = folder / "tinygpt_tokenizer.json"
+    if ours.is_file():
+        from gpt.tokenizer import tokenizer_from_dict
+
+        return tokenizer_from_dict(json.loads(ours.read_text()))
+    if vocab_size in (50257, 50304):  # GPT-2's, or padded to a multiple of 64
+        return TiktokenTokenizer("gpt2")
+    return None
+
+
+def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
+    """Write model (and tokenizer files) as a Hugging Face GPT-2 folder that
+    `GPT2LMHeadModel.from_pretrained(out_dir)` loads with identical logits."""
+    from safetensors.torch import save_file
+
+    c = model.config
+    if not isinstance(c, GPTConfig) or c.pos_encoding != "learned" or c.kv_heads != c.n_head or not c.bias:
+        raise TinyGPTError("only GPTs with learned positions, full attention heads and biases map onto GPT-2's format")
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # tied to transformer.wte.weight
+        value = value.detach().cpu()
+        state[key] = (value.t() if key.endswith(_TRANSPOSED) else value).contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    eot = getattr(tokenizer, "eot_id", None)
+    config = {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size, "n_positions": c.block_size,
+        "n_ctx": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
+        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "tie_word_embeddings": True,
+        "bos_token_id": eot, "eos_token_id": eot, "scale_attn_weights": True, "use_cache": True,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "tinygpt_tokenizer.json").write_text(json.dumps(tokenizer.to_dict()))
+    if isinstance(tokenizer, TiktokenTokenizer):
+        write_gpt2_tokenizer_files(tokenizer, out)
+    return out
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to code points
+    from 256 up, so every byte string is a printable string (the format of vocab.json)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
+    """vocab.json + merges.txt (what GPT2Tokenizer reads) from tiktoken's ranks. A merge is
+    recovered by running BPE on a token's bytes with only the lower-ranked tokens: the two
+    parts left at the end are the pair that merges into it."""
+    ranks = tokenizer.enc._mergeable_ranks
+    to_unicode = _bytes_to_unicode()
+    show = lambda b: "".join(to_unicode[x] for x in b)  # noqa: E731
+    vocab = {show(token): rank for token, rank in ranks.items()}
+    vocab[next(iter(tokenizer.enc._special_tokens))] = tokenizer.eot_id
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) < 2:
+            continue
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            best = min(range(len(parts) - 1), key=lambda i: ranks.get(parts[i] + parts[i + 1], float("inf")))
+            if ranks.get(parts[best] + parts[best + 1], float("inf")) >= rank:
+                break
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) == 2:
+            merges.append(f"{show(parts[0])} {show(parts[1])}")
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+
+
+def load_initial(source: str, dropout: float):
+    """Model and tokenizer to start from: a Hugging Face GPT-2 (Hub name or folder), or a
+    tinygpt checkpoint (a .pt file, or a run directory, whose best.pt is used)."""
+    from gpt import architectures, checkpoint
+    from gpt.tokenizer import tokenizer_from_dict
+
+    if is_hf_source(source):
+        model, tokenizer = load_hf_gpt2(source, dropout)
+        if tokenizer is None:
+            raise TinyGPTError(f"{source} has a vocabulary of {model.config.vocab_size}, not GPT-2's, and no tinygpt_tokenizer.json")
+        return model, tokenizer
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise TinyGPTError(f"init_from={source} is not a GPT-2 name ({', '.join(HUB_MODELS)}), a folder or a checkpoint file")
+    ckpt = checkpoint.load(checkpoint.checkpoint_in_run(path) if path.is_dir() else path)
+    return architectures.model_from_checkpoint(ckpt, dropout), tokenizer_from_dict(ckpt["tokenizer"])
