@@ -27,8 +27,8 @@ from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.generation import SamplingConfig, generate
-from gpt.lora import apply_lora, merged_state_dict
-from gpt.pretrained import load_initial
+from gpt.finetune import initial_model, prepare_finetune
+from gpt.lora import merged_state_dict
 from gpt.tokenizer import tokenizer_identity
 from gpt import architectures
 from gpt.optim import CosineSchedule, build_optimizer
@@ -137,15 +137,13 @@ class Trainer:
         if self.ft.require_init and not cfg.get("init_from") and resumed is None:
             raise TinyGPTError("this experiment needs a model to start from: pass init_from=<run dir | checkpoint | gpt2 | HF folder>")
         if resumed is None and cfg.get("init_from"):
-            model = self._initial_model(cfg["init_from"])
+            model = initial_model(cfg["init_from"], self.data.tokenizer, self.ft, float(cfg["model"].get("dropout") or 0.0), self.log)
             self.mcfg = model.config
         else:
             self.mcfg = self._model_config(resumed)
             model = architectures.build(self.mcfg)
         check_data_fits(self.data, self.mcfg.block_size)
-        self.lora = None
-        if self.ft.freeze_embeddings or self.ft.freeze_layers or self.ft.lora_rank:
-            self._prepare_finetune(model)
+        self.lora = prepare_finetune(model, self.ft, self.log)  # LoRA settings for checkpoints, or None
         self.model = model.to(self.rt.device)
         self.optimizer = build_optimizer(self.model, self.optim_settings, self.rt.device)
         self.scaler = torch.amp.GradScaler(self.rt.device.type, enabled=self.rt.use_grad_scaler)
@@ -175,50 +173,6 @@ class Trainer:
         )
 
     # --- setup helpers ------------------------------------------------------------------------
-
-    def _initial_model(self, source: str):
-        """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data."""
-        model, tokenizer = load_initial(str(source), dropout=float(self.cfg["model"].get("dropout") or 0.0))
-        if tokenizer_identity(tokenizer.to_dict()) != tokenizer_identity(self.data.tokenizer.to_dict()):
-            raise TinyGPTError(
-                f"init_from={source} was trained with tokenizer {tokenizer_identity(tokenizer.to_dict())}, but data "
-                f"{self.data.name} uses {tokenizer_identity(self.data.tokenizer.to_dict())}; pick data prepared with the same tokenizer"
-            )
-        crop = self.ft.block_size
-        if crop and crop < model.config.block_size:
-            if getattr(model.config, "pos_encoding", None) == "learned":  # keep the first `crop` positions
-                model.transformer.wpe.weight = torch.nn.Parameter(model.transformer.wpe.weight[:crop].clone())
-            model.config.block_size = crop
-        self.log(f"initialised from {source}: {architectures.summary(model.config)}")
-        return model
-
-    def _prepare_finetune(self, model) -> None:
-        ft = self.ft
-        if ft.lora_rank:
-            n = apply_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_dropout)
-            self.lora = {"rank": ft.lora_rank, "alpha": ft.lora_alpha}
-            self.log(f"LoRA rank {ft.lora_rank} on {n} projections; all other weights frozen")
-        frozen = []
-        if ft.freeze_embeddings:
-            for name in ("wte", "wpe"):
-                if name in getattr(model, "transformer", {}):
-                    model.transformer[name].weight.requires_grad_(False)
-                    frozen.append(name)
-            if hasattr(model, "embedding"):
-                model.embedding.weight.requires_grad_(False)
-                frozen.append("embedding")
-        if ft.freeze_layers:
-            blocks = model.transformer.h if hasattr(model, "transformer") else []
-            if ft.freeze_layers > len(blocks):
-                raise TinyGPTError(f"finetune.freeze_layers={ft.freeze_layers} but the model has {len(blocks)} transformer layers")
-            for block in list(blocks)[: ft.freeze_layers]:
-                for p in block.parameters():
-                    p.requires_grad_(False)
-            frozen.append(f"layers 0-{ft.freeze_layers - 1}")
-        if frozen:
-            self.log(f"frozen: {', '.join(frozen)}" + (" (the tied LM head too)" if "wte" in frozen else ""))
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.log(f"trainable parameters: {trainable:,} of {sum(p.numel() for p in model.parameters()):,}")
 
     def _model_config(self, resumed: dict | None):
         mcfg = model_config(self.cfg["model"], self.data)
