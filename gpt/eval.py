@@ -22,6 +22,18 @@ import torch
 from gpt.errors import TinyGPTError
 
 
+def token_bytes(tokenizer, ids) -> int:
+    """UTF-8 bytes the ids stand for, token by token: end-of-text counts 0, and a character
+    split over several BPE/byte tokens counts once (decoding windows whole would not)."""
+    kind = getattr(tokenizer, "kind", None)
+    eot = getattr(tokenizer, "eot_id", None)
+    if kind == "tiktoken":
+        return sum(len(tokenizer.enc.decode_single_token_bytes(i)) for i in ids if i != eot)
+    if kind == "byte":
+        return sum(1 for i in ids if i < 256)
+    return sum(len(tokenizer.decode([i]).encode("utf-8")) for i in ids if i != eot)
+
+
 @torch.no_grad()
 def evaluate_tokens(model, tokens: np.ndarray, tokenizer, device, batch_size: int = 16, max_tokens: int | None = None) -> dict:
     block = model.config.block_size
@@ -40,7 +52,7 @@ def evaluate_tokens(model, tokens: np.ndarray, tokenizer, device, batch_size: in
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
         total_loss += loss.item()
         total_tokens += y.numel()
-        total_bytes += sum(len(tokenizer.decode(row.tolist()).encode("utf-8")) for row in windows[:, 1:])
+        total_bytes += token_bytes(tokenizer, windows[:, 1:].ravel().tolist())
     mean = total_loss / total_tokens
     return {"tokens": total_tokens, "bytes": total_bytes, "loss": mean, "perplexity": math.exp(mean),
             "bits_per_byte": total_loss / math.log(2) / max(total_bytes, 1)}
@@ -51,10 +63,11 @@ def main(argv: list[str]) -> None:
     from omegaconf import OmegaConf
 
     from gpt import checkpoint, runtime
-    from gpt.cli import guard
+    from gpt.cli import check_keys, fail, guard, preflight
     from gpt.data import load_data
     from gpt.pretrained import load_initial
     from gpt.sampling import load_model
+    from gpt.tokenizer import tokenizer_from_dict
 
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
@@ -68,11 +81,18 @@ def main(argv: list[str]) -> None:
             opts[key] = value
         else:
             data_overrides.append(arg)
+    for key in ("max_tokens", "batch_size"):
+        if opts[key] is not None and not str(opts[key]).isdigit():
+            fail(f"{key}={opts[key]!r} must be a positive integer")
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    preflight(data_overrides, configs)
+    check_keys(data_overrides, configs, "config")
 
     def run():
         rt = runtime.setup(opts["device"], "auto", False)
         if opts["init_from"]:
-            model, tokenizer = load_initial(opts["init_from"], dropout=0.0)
+            model, tokenizer_spec = load_initial(opts["init_from"], dropout=0.0)
+            tokenizer = tokenizer_from_dict(tokenizer_spec)
             model.to(rt.device)
             train_cfg, what = None, opts["init_from"]
         else:
@@ -87,7 +107,6 @@ def main(argv: list[str]) -> None:
             tokens = np.array(tokenizer.encode(text_path.read_text(encoding="utf-8")), dtype=np.int64)
             source = str(text_path)
         else:
-            configs = Path(__file__).resolve().parent.parent / "configs"
             with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
                 cfg = OmegaConf.to_container(compose("config", overrides=[*data_overrides, "paths.output_dir=."]), resolve=True)
             data_cfg = cfg["data"] if (data_overrides or not train_cfg) else train_cfg["data"]
@@ -99,7 +118,12 @@ def main(argv: list[str]) -> None:
             split = opts["split"]
             if split not in ("train", "val"):
                 raise TinyGPTError(f"split={split!r}: use train or val")
-            tokens = np.concatenate([np.asarray(s) for s in getattr(data, split)])
+            shards, need, taken = getattr(data, split), (max_tokens + 1) if max_tokens else None, []
+            for shard in shards:  # only what is evaluated leaves the memmaps
+                taken.append(np.asarray(shard[: need - sum(len(t) for t in taken)] if need else shard))
+                if need and sum(len(t) for t in taken) >= need:
+                    break
+            tokens = np.concatenate(taken)
             source = f"{data.name} {split}"
         r = evaluate_tokens(model, tokens, tokenizer, rt.device, int(opts["batch_size"]), max_tokens)
         print(f"{what} on {source}: {r['tokens']:,} tokens ({r['bytes']:,} bytes): loss {r['loss']:.4f}, "

@@ -17,6 +17,7 @@ def main(argv: list[str]) -> None:
     from gpt.cli import fail, guard
     from gpt.errors import TinyGPTError
     from gpt.pretrained import export_hf, load_initial
+    from gpt.tokenizer import tokenizer_from_dict
 
     if any(a in ("-h", "--help") for a in argv) or not argv:
         print(__doc__)
@@ -30,8 +31,8 @@ def main(argv: list[str]) -> None:
         if not opts.get("out"):
             raise TinyGPTError("pass out=<folder> for the Hugging Face files")
         source = checkpoint.resolve(opts.get("ckpt"), opts.get("run_dir"), "outputs")
-        model, tokenizer = load_initial(str(source), dropout=0.0)
-        out = export_hf(model, tokenizer, opts["out"])
+        model, tokenizer_spec = load_initial(str(source), dropout=0.0)
+        out = export_hf(model, tokenizer_from_dict(tokenizer_spec), opts["out"])
         print(f"exported {source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
 
     guard(run)

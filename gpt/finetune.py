@@ -16,8 +16,8 @@ from gpt.tokenizer import tokenizer_identity
 
 def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print):
     """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data."""
-    model, tokenizer = load_initial(str(source), dropout=dropout)
-    ours, theirs = tokenizer_identity(tokenizer.to_dict()), tokenizer_identity(data_tokenizer.to_dict())
+    model, tokenizer_spec = load_initial(str(source), dropout=dropout)
+    ours, theirs = tokenizer_identity(tokenizer_spec), tokenizer_identity(data_tokenizer.to_dict())
     if ours != theirs:
         raise TinyGPTError(
             f"init_from={source} was trained with tokenizer {ours}, but the data uses {theirs}; "

@@ -42,6 +42,10 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float = 0.0, 
             parent, attr = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
             setattr(parent, attr, LoRALinear(module, rank, alpha, dropout))
             wrapped += 1
+    if not wrapped:
+        from gpt.errors import TinyGPTError
+
+        raise TinyGPTError(f"LoRA found no layer named like {', '.join(targets)} in this model (LoRA is for GPT models)")
     return wrapped
 
 

@@ -34,18 +34,19 @@ def _resolve_dir(source: str) -> Path:
         raise TinyGPTError(f"{source!r} is neither a folder with config.json nor one of {', '.join(HUB_MODELS)}")
     from huggingface_hub import snapshot_download
 
-    patterns = ["config.json", "model.safetensors", "pytorch_model.bin", "vocab.json", "merges.txt", "tokenizer.json"]
-    try:  # the local Hugging Face cache first: works offline once downloaded
-        return Path(snapshot_download(source, allow_patterns=patterns, local_files_only=True))
-    except Exception:
-        pass
-    try:
-        return Path(snapshot_download(source, allow_patterns=patterns))
-    except Exception as e:
-        raise TinyGPTError(
-            f"cannot download {source} from the Hugging Face Hub ({type(e).__name__}); offline, put its config.json and "
-            f"model.safetensors (or pytorch_model.bin) in a folder and pass that folder instead"
-        ) from None
+    patterns = ["config.json", "model.safetensors"]  # pytorch_model.bin only where there is no safetensors
+    for local_only in (True, False):  # the local Hugging Face cache first: works offline once downloaded
+        try:
+            folder = Path(snapshot_download(source, allow_patterns=patterns, local_files_only=local_only))
+            if not (folder / "model.safetensors").is_file():
+                folder = Path(snapshot_download(source, allow_patterns=["config.json", "pytorch_model.bin"], local_files_only=local_only))
+            return folder
+        except Exception as e:  # huggingface_hub raises many kinds; the last one is reported
+            error = e
+    raise TinyGPTError(
+        f"cannot download {source} from the Hugging Face Hub ({type(error).__name__}); offline, put its config.json and "
+        f"model.safetensors (or pytorch_model.bin) in a folder and pass that folder instead"
+    )
 
 
 def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
@@ -58,20 +59,26 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     raise TinyGPTError(f"{folder} holds no model.safetensors or pytorch_model.bin")
 
 
-def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, TiktokenTokenizer | None]:
-    """Our GPT with the weights of a Hugging Face GPT-2 (Hub name or local folder), and the GPT-2
-    tokenizer when its vocabulary is GPT-2's (None for other vocabularies, e.g. our exports of
-    char-level models, whose tokenizer is in tinygpt_tokenizer.json)."""
+def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
+    """Our GPT with the weights of a Hugging Face GPT-2 (Hub name or local folder), and the dict
+    form of its tokenizer: ours from tinygpt_tokenizer.json (our exports), GPT-2's BPE for
+    GPT-2's vocabulary, else None. A dict, not a tokenizer: comparing it with the data's needs
+    no download."""
     folder = _resolve_dir(source)
+    if not (folder / "config.json").is_file():
+        raise TinyGPTError(f"{folder} has no config.json; a Hugging Face GPT-2 folder holds config.json and model.safetensors")
     hf = json.loads((folder / "config.json").read_text())
     if hf.get("model_type") != "gpt2":
         raise TinyGPTError(f"{folder} holds a {hf.get('model_type')!r} model; only GPT-2 checkpoints can be loaded")
     activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(hf.get("activation_function", "gelu_new"))
     if activation is None:
         raise TinyGPTError(f"activation {hf['activation_function']!r} of {folder} is not supported (gelu, gelu_new)")
+    if hf.get("n_inner") not in (None, 4 * hf["n_embd"]) or abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+        raise TinyGPTError(f"{folder}: n_inner={hf.get('n_inner')} / layer_norm_epsilon={hf.get('layer_norm_epsilon')} differ "
+                           f"from GPT-2's (4 x n_embd, 1e-5), which tinygpt's GPT implements")
     config = GPTConfig(
-        vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"], n_head=hf["n_head"],
-        n_embd=hf["n_embd"], dropout=dropout, bias=True, activation=activation,
+        vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", hf.get("n_ctx", 1024)), n_layer=hf["n_layer"],
+        n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=dropout, bias=True, activation=activation,
     )
     hf_state = _read_state_dict(folder)
     state = {}
@@ -80,23 +87,25 @@ def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, TiktokenTokeni
         if key.endswith((".attn.bias", ".attn.masked_bias")):
             continue  # causal-mask buffers of old checkpoints, not weights
         state[key] = value.t() if key.endswith(_TRANSPOSED) else value
-    state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
+    head = state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
+    if not torch.equal(head, state["transformer.wte.weight"]):
+        raise TinyGPTError(f"{folder} has an LM head separate from its token embedding; tinygpt's GPT ties the two")
     model = GPT(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes that contradict config.json
+        raise TinyGPTError(f"{folder}: the weights do not fit its config.json ({str(e).splitlines()[1].strip()})") from None
     if missing or unexpected:
         raise TinyGPTError(f"{folder} does not match a GPT-2 of its config: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    tokenizer = _tokenizer_for(folder, config.vocab_size)
-    return model, tokenizer
+    return model, _tokenizer_for(folder, config.vocab_size)
 
 
-def _tokenizer_for(folder: Path, vocab_size: int):
+def _tokenizer_for(folder: Path, vocab_size: int) -> dict | None:
     ours = folder / "tinygpt_tokenizer.json"
     if ours.is_file():
-        from gpt.tokenizer import tokenizer_from_dict
-
-        return tokenizer_from_dict(json.loads(ours.read_text()))
+        return json.loads(ours.read_text())
     if vocab_size in (50257, 50304):  # GPT-2's, or padded to a multiple of 64
-        return TiktokenTokenizer("gpt2")
+        return {"kind": "tiktoken", "name": "gpt2", "ranks_file": None, "vocab_size": 50257}
     return None
 
 
@@ -127,7 +136,8 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "tinygpt_tokenizer.json").write_text(json.dumps(tokenizer.to_dict()))
-    if isinstance(tokenizer, TiktokenTokenizer):
+    # vocab.json/merges.txt mean GPT-2's pre-tokenizer: right for r50k/p50k, wrong for cl100k/o200k.
+    if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in ("gpt2", "r50k_base", "p50k_base"):
         write_gpt2_tokenizer_files(tokenizer, out)
     return out
 
@@ -172,10 +182,9 @@ def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
 
 
 def load_initial(source: str, dropout: float):
-    """Model and tokenizer to start from: a Hugging Face GPT-2 (Hub name or folder), or a
-    tinygpt checkpoint (a .pt file, or a run directory, whose best.pt is used)."""
+    """Model and the dict form of its tokenizer, to start from: a Hugging Face GPT-2 (Hub name
+    or folder), or a tinygpt checkpoint (a .pt file, or a run directory, whose best.pt is used)."""
     from gpt import architectures, checkpoint
-    from gpt.tokenizer import tokenizer_from_dict
 
     if is_hf_source(source):
         model, tokenizer = load_hf_gpt2(source, dropout)
@@ -186,4 +195,4 @@ def load_initial(source: str, dropout: float):
     if not path.exists():
         raise TinyGPTError(f"init_from={source} is not a GPT-2 name ({', '.join(HUB_MODELS)}), a folder or a checkpoint file")
     ckpt = checkpoint.load(checkpoint.checkpoint_in_run(path) if path.is_dir() else path)
-    return architectures.model_from_checkpoint(ckpt, dropout), tokenizer_from_dict(ckpt["tokenizer"])
+    return architectures.model_from_checkpoint(ckpt, dropout), ckpt["tokenizer"]

@@ -78,7 +78,8 @@ def sample(cfg: dict, s: SampleSettings, out=None, stdin=None) -> list[list[str]
     if s.init_from:  # a pretrained model as it is, e.g. init_from=gpt2
         from gpt.pretrained import load_initial
 
-        model, tokenizer = load_initial(s.init_from, dropout=0.0)
+        model, tokenizer_spec = load_initial(s.init_from, dropout=0.0)
+        tokenizer = tokenizer_from_dict(tokenizer_spec)
         model.to(rt.device).eval()
         ckpt_path, ckpt = s.init_from, {}
     else:

@@ -107,12 +107,20 @@ class TiktokenTokenizer:
 
     kind = "tiktoken"
 
-    def __init__(self, name: str = "gpt2", ranks_file: str | None = None):
+    def __init__(self, name: str = "gpt2", ranks_file: str | None = None, vocab_size: int | None = None):
+        """`vocab_size`, when given (it is recorded in meta.json and checkpoints), must match what
+        was loaded: a recorded ranks file that is missing here must not be silently replaced by
+        a different vocabulary."""
         if name not in TIKTOKEN_NAMES:
             raise TinyGPTError(f"tiktoken encoding {name!r} is unknown; use one of {', '.join(TIKTOKEN_NAMES)}")
         self.name, self.ranks_file = name, ranks_file
         self.enc = _load_encoding(name, ranks_file)
         self.eot_id = self.enc.eot_token
+        if vocab_size is not None and vocab_size != self.enc.n_vocab:
+            raise TinyGPTError(
+                f"tiktoken {name} loaded with {self.enc.n_vocab} tokens, but this model/data was made with {vocab_size} "
+                f"(from ranks file {ranks_file}); provide that ranks file"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -129,7 +137,7 @@ class TiktokenTokenizer:
         return self.enc.decode(ids)  # invalid UTF-8 pieces become U+FFFD
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "ranks_file": self.ranks_file}
+        return {"kind": self.kind, "name": self.name, "ranks_file": self.ranks_file, "vocab_size": self.vocab_size}
 
 
 def _load_encoding(name: str, ranks_file: str | None):
@@ -146,7 +154,10 @@ def _load_encoding(name: str, ranks_file: str | None):
         from tiktoken.load import load_tiktoken_bpe
         from tiktoken_ext.openai_public import r50k_pat_str
 
-        ranks = load_tiktoken_bpe(str(path))
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception:
+            raise TinyGPTError(f"{path} is not a tiktoken ranks file (base64 token and rank per line, e.g. r50k_base.tiktoken)") from None
         return tiktoken.Encoding(name=name, pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={GPT2_EOT: len(ranks)})
     try:
         return tiktoken.get_encoding("r50k_base" if name == "gpt2" else name)
@@ -173,7 +184,8 @@ def normalize_spec(d: dict) -> dict:
 
 
 def tokenizer_identity(d: dict) -> dict:
-    """What decides the token ids: not where a ranks file lives, and gpt2 is r50k_base."""
+    """What decides the token ids: not where a ranks file lives (its size, `vocab_size`, is part
+    of the identity when known), and gpt2 is r50k_base."""
     spec = normalize_spec(d)
     spec.pop("ranks_file", None)
     if spec.get("name") == "gpt2":

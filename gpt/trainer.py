@@ -125,10 +125,11 @@ class Trainer:
         runtime.seed_everything(cfg["seed"] + self.dist.rank)
 
         # --- data and model --------------------------------------------------------------------
-        if self.dist.is_main:
-            self.data = load_data(cfg["data"], cfg["paths"]["data_dir"], log=self.log)
-        distributed.barrier(self.dist)  # the others wait for rank 0 to download and prepare
-        if not self.dist.is_main:
+        # One process per node prepares (nodes may not share a filesystem); the others wait.
+        if self.dist.local_rank == 0:
+            self.data = load_data(cfg["data"], cfg["paths"]["data_dir"], log=self.log if self.dist.is_main else (lambda *a: None))
+        distributed.barrier(self.dist)
+        if self.dist.local_rank != 0:
             self.data = load_data(cfg["data"], cfg["paths"]["data_dir"], log=lambda *a: None)
         resumed = checkpoint.load(resume_from) if resume_from else None
         self.ft = finetune_settings(cfg)
@@ -143,6 +144,13 @@ class Trainer:
             self.mcfg = self._model_config(resumed)
             model = architectures.build(self.mcfg)
         check_data_fits(self.data, self.mcfg.block_size)
+        if resumed is not None and resumed.get("lora") and not self.ft.lora_rank:
+            # The run being resumed trained adapters: keep doing so, with its settings.
+            self.ft.lora_rank, self.ft.lora_alpha = resumed["lora"]["rank"], resumed["lora"]["alpha"]
+            self.log(f"notice: resuming a LoRA finetune (rank {self.ft.lora_rank}) with its adapters")
+        elif resumed is not None and (resumed.get("lora") or {}).get("rank", 0) != self.ft.lora_rank:
+            raise TinyGPTError(f"the checkpoint was trained with finetune.lora_rank={(resumed.get('lora') or {}).get('rank', 0)}; "
+                               f"resume with that value, or start a new run from it with init_from")
         self.lora = prepare_finetune(model, self.ft, self.log)  # LoRA settings for checkpoints, or None
         self.model = model.to(self.rt.device)
         self.optimizer = build_optimizer(self.model, self.optim_settings, self.rt.device)

@@ -318,7 +318,36 @@ def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
                  "train.max_iters=6", "train.eval_interval=3", "train.sample_tokens=0"]
     train(compose(overrides, tmp_path / "run"))
     model, tok, ckpt = load_model(checkpoint.checkpoint_in_run(tmp_path / "run"), torch.device("cpu"))
-    assert ckpt["tokenizer"] == {"kind": "tiktoken", "name": "gpt2", "ranks_file": str(ranks)}
+    assert ckpt["tokenizer"] == {"kind": "tiktoken", "name": "gpt2", "ranks_file": str(ranks), "vocab_size": 267}
     assert tok.vocab_size == 267 and model.config.vocab_size == 267
     text = generate(model, tok, ["the "], SamplingConfig(max_new_tokens=20, temperature=1.0))[0][0]
     assert isinstance(text, str) and len(text) > 0
+
+
+def test_ranks_files_of_different_vocabularies_are_different_tokenizers(tmp_path):
+    from gpt.tokenizer import tokenizer_identity
+
+    small = TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "small.tiktoken", extra_pairs=4)))
+    large = TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "large.tiktoken", extra_pairs=10)))
+    assert tokenizer_identity(small.to_dict()) != tokenizer_identity(large.to_dict())
+    moved = dict(small.to_dict(), ranks_file=str(tmp_path / "elsewhere.tiktoken"))
+    with pytest.raises(TinyGPTError, match="provide that ranks file|cannot load"):
+        tokenizer_from_dict(moved)  # never silently replaced by another vocabulary
+
+
+def test_one_and_two_processes_prepare_the_same_stream(tmp_path):
+    folder = _write_corpus(tmp_path / "corpus", "txt")
+    ranks = write_ranks(tmp_path / "r.tiktoken")
+    tok = {"kind": "tiktoken", "name": "gpt2", "ranks_file": str(ranks)}
+    one = load_data(_cfg("one", {"kind": "local", "path": str(folder)}, tok, num_proc=1), tmp_path / "root", log=lambda *a: None)
+    two = load_data(_cfg("two", {"kind": "local", "path": str(folder)}, tok, num_proc=2), tmp_path / "root", log=lambda *a: None)
+    assert _stream(one) == _stream(two) and one.meta["fingerprint"] == two.meta["fingerprint"]
+
+
+def test_bits_per_byte_counts_bytes_per_token(tmp_path):
+    from gpt.eval import token_bytes
+
+    tok = TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "r.tiktoken")))
+    ids = tok.encode("héllo 日本") + [tok.eot_id]
+    assert token_bytes(tok, ids) == len("héllo 日本".encode())  # end-of-text counts nothing
+    assert token_bytes(ByteTokenizer(), list("日".encode()) + [256]) == 3

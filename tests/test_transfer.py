@@ -20,7 +20,7 @@ from gpt.errors import TinyGPTError  # noqa: E402
 from gpt.lora import apply_lora, merge_lora, merged_state_dict  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.pretrained import export_hf, load_hf_gpt2, load_initial  # noqa: E402
-from gpt.tokenizer import CharTokenizer, TiktokenTokenizer  # noqa: E402
+from gpt.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_dict  # noqa: E402
 from gpt.trainer import train  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def test_export_loads_in_transformers_with_identical_logits(tmp_path, activation
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
     back, tokenizer = load_hf_gpt2(str(tmp_path))  # our own export comes back with its tokenizer
-    assert isinstance(tokenizer, CharTokenizer) and torch.equal(back(idx)[0], ours(idx)[0])
+    assert tokenizer["kind"] == "char" and torch.equal(back(idx)[0], ours(idx)[0])
 
 
 def test_gpt2_tokenizer_files_match_tiktoken(tmp_path, gpt2_ranks):
@@ -116,7 +116,7 @@ def test_finetune_from_an_exported_then_reimported_model(tmp_path, data_root):
     base = _char_overrides(root, data_overrides)
     train(compose(base, tmp_path / "pretrain"))
     model, tokenizer = load_initial(str(tmp_path / "pretrain"), dropout=0.0)
-    export_hf(model, tokenizer, tmp_path / "hf")
+    export_hf(model, tokenizer_from_dict(tokenizer), tmp_path / "hf")
 
     losses = []
     train(compose([*base, f"init_from={tmp_path / 'hf'}", "finetune.freeze_layers=1", "finetune.freeze_embeddings=true",
@@ -196,7 +196,7 @@ def test_sample_py_from_an_exported_model(tmp_path, data_root):
     root, data_overrides = data_root
     train(compose(_char_overrides(root, data_overrides), tmp_path / "run"))
     model, tokenizer = load_initial(str(tmp_path / "run"), dropout=0.0)
-    export_hf(model, tokenizer, tmp_path / "hf")
+    export_hf(model, tokenizer_from_dict(tokenizer), tmp_path / "hf")
     proc = subprocess.run([sys.executable, str(REPO / "sample.py"), f"init_from={tmp_path / 'hf'}", "num_samples=1",
                            "max_new_tokens=20", "prompt=ROMEO:"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -216,3 +216,35 @@ def test_export_command(tmp_path, data_root):
         assert (ours.eval()(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
     bad = subprocess.run([sys.executable, "-m", "gpt.export", f"run_dir={tmp_path / 'nope'}", "out=x"], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_hub_layout_with_unprefixed_keys_and_mask_buffers(tmp_path):
+    """The files on the Hub for gpt2 predate transformers' current layout: keys without the
+    `transformer.` prefix, attention-mask buffers, pytorch_model.bin."""
+    hf = _random_hf()
+    state = {}
+    for key, value in hf.state_dict().items():
+        if key == "lm_head.weight":
+            continue
+        state[key.removeprefix("transformer.")] = value
+    for i in range(2):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 16, 16))
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    hf.config.to_json_file(tmp_path / "config.json")
+    ours, _ = load_hf_gpt2(str(tmp_path))
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        assert (ours.eval()(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+
+
+def test_lora_run_resumes_with_its_adapters_without_repeating_the_flag(tmp_path, data_root):
+    root, data_overrides = data_root
+    base = _char_overrides(root, data_overrides)
+    train(compose(base, tmp_path / "pretrain"))
+    lora = [*base, f"init_from={tmp_path / 'pretrain'}", "optim.decay_iters=8"]
+    train(compose([*lora, "finetune.lora_rank=2", "train.max_iters=6"], tmp_path / "ft"))
+    train(compose([*lora, "train.max_iters=8"], tmp_path / "ft"))  # no lora_rank given: taken from the checkpoint
+    assert checkpoint.load(checkpoint.latest(tmp_path / "ft"))["lora"]["rank"] == 2
+    with pytest.raises(TinyGPTError, match="lora_rank=2"):
+        train(compose([*lora, "finetune.lora_rank=4", "train.max_iters=10"], tmp_path / "ft"))

@@ -127,8 +127,11 @@ def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iter
         _init_worker(tok.to_dict())
         yield from map(_encode_chunk, _chunks(docs, _CHUNK_DOCS))
         return
-    # fork: workers start instantly and never touch CUDA (tokenizing needs none).
-    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    # fork: workers start instantly and never touch CUDA. But forking a process whose CUDA/NCCL
+    # threads are already running can deadlock: then start clean interpreters instead.
+    torch = sys.modules.get("torch")
+    cuda_live = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    ctx = mp.get_context("fork" if sys.platform == "linux" and not cuda_live else "spawn")
     with ctx.Pool(num_proc, initializer=_init_worker, initargs=(tok.to_dict(),)) as pool:
         yield from pool.imap(_encode_chunk, _chunks(docs, _CHUNK_DOCS), chunksize=1)
 
@@ -148,8 +151,10 @@ def prepare(
 
     settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
     num_proc, max_docs, max_tokens, shard_tokens."""
-    # Where a tokenizer's files live does not change its tokens: leave ranks_file out.
-    tok_identity = tokenizer_identity(tokenizer_spec) if tokenizer_spec["kind"] != "char" else tokenizer_spec
+    fit_chars = tokenizer_spec["kind"] == "char" and "chars" not in tokenizer_spec
+    tok: Tokenizer | None = None if fit_chars else tokenizer_from_dict(tokenizer_spec)  # fail before touching files
+    # The fingerprint holds what decides the ids (not where a ranks file lives, but its size).
+    tok_identity = tokenizer_spec if fit_chars else tokenizer_identity(tok.to_dict())
     fp_settings = {k: v for k, v in settings.items() if k != "num_proc"} | {"tokenizer": tok_identity}
     fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp)
@@ -159,8 +164,13 @@ def prepare(
     val_fraction = float(settings["val_fraction"])
     if not 0.0 < val_fraction < 1.0:
         raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    fit_chars = tokenizer_spec["kind"] == "char" and "chars" not in tokenizer_spec
-    tok: Tokenizer | None = None if fit_chars else tokenizer_from_dict(tokenizer_spec)  # fail before touching files
+    # Open the source before anything is deleted: a wrong text field or an unreachable dataset
+    # must leave earlier prepared data as it was.
+    documents = iter(documents)
+    first = next(documents, None)
+    if first is None:
+        raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
+    documents = itertools.chain([first], documents)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Invalidate first: from here until the new meta lands, the folder reads as unprepared.
     (out_dir / "meta.json").unlink(missing_ok=True)

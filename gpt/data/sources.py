@@ -61,7 +61,7 @@ def _texts(dataset, field: str, where: str) -> Iterator[str]:
         if field not in record:  # streaming datasets only tell us here
             raise TinyGPTError(f"{where} has no text field {field!r}; its fields are {', '.join(record)} (set data.source.text_field)")
         text = record[field]
-        if text:
+        if text and not text.isspace():  # blank lines/records are not documents
             yield text
 
 
@@ -87,7 +87,10 @@ def _disk(src: dict) -> Iterator[str]:
     import datasets
 
     path = Path(src["path"]).expanduser()
-    ds = datasets.load_from_disk(str(path))
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise TinyGPTError(f"{path} is not a dataset written by datasets' save_to_disk (no dataset_info/state files)") from None
     if isinstance(ds, datasets.DatasetDict):
         split = src.get("split", "train")
         if split not in ds:
@@ -128,6 +131,11 @@ def _local(src: dict, files: list[Path]) -> Iterator[str]:
         if unit not in ("file", "line", "paragraph"):
             raise TinyGPTError(f"data.source.doc_unit={unit!r}: use file, line or paragraph for text files")
         kwargs["sample_by"] = {"file": "document", "line": "line", "paragraph": "paragraph"}[unit]
+        kwargs["keep_linebreaks"] = True  # a line's newline is part of the text (char models have no end-of-text)
     field = "text" if builder == "text" else src.get("text_field", "text")
-    ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
+    try:
+        ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
+    except Exception as e:  # datasets wraps parse errors of malformed files in its own types
+        cause = e.__cause__ or e
+        raise TinyGPTError(f"cannot read {src['path']} as {builder} files: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}") from None
     yield from _texts(ds, field, str(src["path"]))
