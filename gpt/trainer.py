@@ -414,11 +414,10 @@ class Trainer:
 
     def _apply_or_skip(self, loss: torch.Tensor, norm: torch.Tensor, step: int) -> None:
         """Step the optimizer, unless the loss or gradients are not finite: then skip the update
-        (the data moves on), and stop after `max_bad_steps` such steps in a row. Checking costs
-        one host sync per step."""
-        bad = not bool(torch.isfinite(loss).item())
-        if not self.scaler.is_enabled():  # with fp16 loss scaling, overflowing grads are routine
-            bad = bad or not bool(torch.isfinite(norm).item())
+        (the data moves on), and stop after `max_bad_steps` such steps in a row."""
+        # With fp16 loss scaling, overflowing gradients are routine (the scaler skips those steps).
+        watched = loss if self.scaler.is_enabled() else torch.stack([loss.float(), norm.float()])
+        bad = not bool(torch.isfinite(watched).all())  # the one host sync of the step
         bad = distributed.any_true(bad, self.dist, self.rt.device)
         if bad:
             self.optimizer.zero_grad(set_to_none=True)
