@@ -118,10 +118,13 @@ def main(argv: list[str]) -> None:
             split = opts["split"]
             if split not in ("train", "val"):
                 raise TinyGPTError(f"split={split!r}: use train or val")
-            shards, need, taken = getattr(data, split), (max_tokens + 1) if max_tokens else None, []
-            for shard in shards:  # only what is evaluated leaves the memmaps
-                taken.append(np.asarray(shard[: need - sum(len(t) for t in taken)] if need else shard))
-                if need and sum(len(t) for t in taken) >= need:
+            # Only what is evaluated leaves the memmaps (a train split can be far larger than RAM).
+            need = (max_tokens + 1) if max_tokens else None
+            taken, have = [], 0
+            for shard in getattr(data, split):
+                taken.append(np.asarray(shard if need is None else shard[: need - have]))
+                have += len(taken[-1])
+                if need is not None and have >= need:
                     break
             tokens = np.concatenate(taken)
             source = f"{data.name} {split}"

@@ -117,8 +117,7 @@ class Decoder:
         self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         self.cache: KVCache | None = None
         self.offset = 0  # column of self.tokens where the cache's column 0 sits
-        self.vocab = model.config.vocab_size
-        self.seen = torch.zeros(len(prompts), self.vocab, dtype=torch.bool, device=self.device)
+        self.seen = torch.zeros(len(prompts), model.config.vocab_size, dtype=torch.bool, device=self.device)
         if cfg.repetition_penalty != 1.0:
             for b, p in enumerate(prompts):
                 self.seen[b, torch.tensor(p, device=self.device)] = True

@@ -96,6 +96,14 @@ class GPTConfig:
         return asdict(self)
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T); None without targets.
+    Upcast first: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy."""
+    if targets is None:
+        return None
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
     """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim)): each channel
     pair is a clock of its own frequency, so relative offsets are linear functions of the table."""
@@ -335,11 +343,7 @@ class GPT(nn.Module):
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None
-        if targets is not None:
-            # Upcast: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy.
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        return logits, next_token_loss(logits, targets)
 
     def _cached_positions(self, cache: KVCache, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids (B, T) and attention mask (B, 1, T, columns) for T new columns.

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.errors import TinyGPTError
+from gpt.model import next_token_loss
 
 ARCHS = ("rnn", "lstm", "gru")
 
@@ -158,10 +159,7 @@ class RecurrentLM(nn.Module):
         if last_only:
             out = out[:, -1:, :]
         logits = self.lm_head(self.drop(out))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        return logits, next_token_loss(logits, targets)
 
     def _explicit(self, x: torch.Tensor, initial):
         """The step equations above, applied layer by layer and step by step."""
