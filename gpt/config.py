@@ -89,11 +89,23 @@ class OptimSettings:
     eps: float = 1e-8
     warmup_iters: int = 100
     decay_iters: int = 2000
+    # optim=muon: Muon for the hidden matrices, AdamW (the settings above) for the rest
+    muon_lr: float = 0.02
+    momentum: float = 0.95
+    ns_steps: int = 5
+    ns_dtype: str = "auto"  # Newton-Schulz precision: auto = bfloat16 on CUDA, float32 elsewhere
 
     def __post_init__(self) -> None:
         check_types(self, "optim")
-        if self.name != "adamw":
-            raise TinyGPTError(f"optim.name={self.name!r} is not supported; use optim=adamw")
+        if self.name not in ("adamw", "muon"):
+            raise TinyGPTError(f"optim.name={self.name!r} is not supported; use optim=adamw or optim=muon")
+        if self.muon_lr <= 0 or not 0 <= self.momentum < 1 or self.ns_steps < 1:
+            raise TinyGPTError(
+                f"need optim.muon_lr > 0, 0 <= optim.momentum < 1 and optim.ns_steps >= 1, "
+                f"got {self.muon_lr}, {self.momentum}, {self.ns_steps}"
+            )
+        if self.ns_dtype not in ("auto", "float32", "bfloat16"):
+            raise TinyGPTError(f"optim.ns_dtype={self.ns_dtype!r}: choose auto, float32 or bfloat16")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise TinyGPTError(f"need 0 <= optim.min_lr <= optim.lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):

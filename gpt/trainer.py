@@ -325,9 +325,7 @@ class Trainer:
                         log(f"resume with: {launcher} <the same overrides> hydra.run.dir={self.out_dir}")
                         break
 
-                    lr = self.schedule(step)
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = lr
+                    lr = self.schedule.set_lr(self.optimizer, step)
                     loss, norm = train_step(self.step_model, self.batches, self.optimizer, self.scaler, self.rt, ts.grad_accum_steps, ts.grad_clip)
                     if self.histogram_due:  # gradients exist only until the update below
                         self.tracker.histograms(step, self.model)

@@ -42,11 +42,13 @@ def _train_collecting(cfg: dict, stop_after: int | None = None) -> dict[int, flo
     return losses
 
 
-@pytest.mark.parametrize("stop_at, accum", [(13, 1), (10, 2)])  # mid-interval, and right at an eval
-def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, accum):
+# mid-interval, right at an eval, and with Muon's momentum buffers in the optimizer state
+@pytest.mark.parametrize("stop_at, accum, optim", [(13, 1, "adamw"), (10, 2, "adamw"), (13, 1, "muon")])
+def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, accum, optim):
     root, data_overrides = data_root
     # dropout: the RNG must resume too; accumulation: the data stream must
-    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1", f"train.grad_accum_steps={accum}"]
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1",
+                 f"train.grad_accum_steps={accum}", f"optim={optim}"]
     full = _train_collecting(compose(overrides, tmp_path / "full"))
     assert sorted(full) == list(range(1, 31))
 

@@ -40,7 +40,8 @@ def test_event_file_holds_scalars_text_hparams_histograms_and_attention(tmp_path
     # The hparams live in this run's own event file, with the scores the HParams tab sorts by.
     plugin = acc.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_start_info"]).session_start_info
-    assert start.hparams["optim.lr"].number_value == pytest.approx(2e-3)
+    assert start.hparams["optim.lr"].number_value == pytest.approx(cfg["optim"]["lr"])
+    assert start.hparams["optim.name"].string_value == cfg["optim"]["name"]
     assert start.hparams["model.name"].string_value == "gpt-nano"
     experiment = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/experiment"]).experiment
     assert {m.name.tag for m in experiment.metric_infos} == {"hparams/best_val_loss", "hparams/final_val_loss"}

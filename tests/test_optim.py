@@ -1,25 +1,26 @@
 """Optimizer groups and the LR schedule. Run: pytest tests/test_optim.py"""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from gpt.architectures import build, config_from_dict
 from gpt.config import OptimSettings
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
-from gpt.optim import CosineSchedule, build_optimizer, param_groups
+from gpt.optim import CosineSchedule, build_optimizer, ns_dtype_for, orthogonalize, param_groups
 
 
 def test_weight_decay_only_on_matrices():
     model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    decay, no_decay = param_groups(model, 0.1)
+    decay, no_decay = param_groups(model, OptimSettings(weight_decay=0.1))
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1
     total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
     assert total == model.num_params()  # every parameter once, the tied one included
-    opt = build_optimizer(model, OptimSettings(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.95), torch.device("cpu"))
-    assert opt.defaults["betas"] == (0.9, 0.95) and opt.param_groups[0]["weight_decay"] == 0.1
 
 
 def test_warmup_then_cosine_then_floor():
@@ -39,8 +40,155 @@ def test_warmup_longer_than_schedule_is_shortened():
 @pytest.mark.parametrize(
     "kw, match",
     [(dict(lr=1e-4, min_lr=1e-3), "min_lr"), (dict(lr="fast"), "optim.lr must be a number"),
-     (dict(beta2=1.0), "beta"), (dict(warmup_iters=-1), "warmup"), (dict(name="sgd"), "sgd")],
+     (dict(beta2=1.0), "beta"), (dict(warmup_iters=-1), "warmup"), (dict(name="sgd"), "sgd"),
+     (dict(name="muon", muon_lr=0), "muon_lr"), (dict(ns_dtype="fp8"), "ns_dtype")],
 )
 def test_bad_optim_settings(kw, match):
     with pytest.raises(TinyGPTError, match=match):
         OptimSettings(**kw)
+
+
+def _tiny_gpt(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
+
+
+def _train(model, opt, steps: int, lr_of=lambda step: None, seed: int = 1) -> list[float]:
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    for step in range(steps):
+        x = torch.randint(0, 32, (4, 8), generator=g)
+        _, loss = model(x, x.roll(-1, dims=1))
+        loss.backward()
+        for group in opt.param_groups:
+            group["lr"] = lr_of(step) or group["lr"]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_adamw_matches_torch_and_resumes_from_its_state():
+    """Same kernel as torch.optim.AdamW(fused=True), so the same trajectory; and a state_dict
+    written by torch.optim (older tinygpt checkpoints) continues here as it would have there."""
+    settings = OptimSettings(lr=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8)
+    ours_model, ref_model = _tiny_gpt(), _tiny_gpt()
+    ours = build_optimizer(ours_model, settings, torch.device("cpu"))
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in param_groups(ref_model, settings)]
+    ref = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    lr_of = lambda step: 3e-3 * (0.9 ** step)  # noqa: E731  a changing lr, as the schedule does
+    assert _train(ours_model, ours, 6, lr_of) == pytest.approx(_train(ref_model, ref, 6, lr_of), rel=1e-6)
+    for a, b in zip(ours_model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+    # torch's state_dict -> ours, then both go on: still together
+    resumed = build_optimizer(ref_model_copy := _tiny_gpt(), settings, torch.device("cpu"))
+    ref_model_copy.load_state_dict(ref_model.state_dict())
+    resumed.load_state_dict(ref.state_dict())
+    later = lambda step: 1e-3  # noqa: E731
+    assert _train(ref_model_copy, resumed, 4, later, seed=2) == pytest.approx(_train(ref_model, ref, 4, later, seed=2), rel=1e-6)
+
+
+def test_optimizer_state_round_trip_continues_exactly():
+    settings = OptimSettings(name="muon", lr=3e-3, muon_lr=0.02)
+    full_model = _tiny_gpt()
+    full = build_optimizer(full_model, settings, torch.device("cpu"))
+    full_losses = _train(full_model, full, 10)
+
+    model = _tiny_gpt()
+    opt = build_optimizer(model, settings, torch.device("cpu"))
+    first = _train(model, opt, 5)
+    saved_model, saved_opt = model.state_dict(), opt.state_dict()
+    model2 = _tiny_gpt(seed=7)
+    model2.load_state_dict(saved_model)
+    opt2 = build_optimizer(model2, settings, torch.device("cpu"))
+    opt2.load_state_dict(saved_opt)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):  # the data stream of the first five steps, skipped
+        torch.randint(0, 32, (4, 8), generator=g)
+    rest = []
+    for _ in range(5):
+        x = torch.randint(0, 32, (4, 8), generator=g)
+        _, loss = model2(x, x.roll(-1, dims=1))
+        loss.backward()
+        opt2.step()
+        opt2.zero_grad(set_to_none=True)
+        rest.append(loss.item())
+    assert first + rest == full_losses  # bitwise
+
+
+def test_muon_takes_the_hidden_matrices_only():
+    model = _tiny_gpt()
+    groups = param_groups(model, OptimSettings(name="muon"))
+    muon = {id(p) for g in groups if g["kind"] == "muon" for p in g["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in muon}
+    assert names == {f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert sum(p.numel() for g in groups for p in g["params"]) == model.num_params()  # all, once
+    adamw_only = param_groups(model, OptimSettings(name="adamw"))
+    assert [g["kind"] for g in adamw_only] == ["adamw", "adamw"]
+
+    rnn = build(config_from_dict({"arch": "lstm", "vocab_size": 32, "n_embd": 16, "n_hidden": 24, "n_layer": 2}))
+    muon = {id(p) for g in param_groups(rnn, OptimSettings(name="muon")) if g["kind"] == "muon" for p in g["params"]}
+    assert {n for n, p in rnn.named_parameters() if id(p) in muon} == {f"rnn.weight_{k}_l{i}" for k in ("ih", "hh") for i in range(2)}
+
+
+@pytest.mark.parametrize("shape", [(3, 48, 16), (2, 16, 40)])  # tall and wide
+def test_newton_schulz_makes_singular_values_near_one(shape):
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 5
+    o = orthogonalize(g, steps=5, dtype=torch.float32)
+    s = torch.linalg.svdvals(o)
+    assert o.shape == g.shape and o.dtype == g.dtype
+    assert s.min() > 0.5 and s.max() < 1.3  # Muon's quintic lands in roughly [0.7, 1.2], not exactly 1
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    cos = (o * (u @ vh)).sum(dim=(-2, -1)) / (o.norm(dim=(-2, -1)) * (u @ vh).norm(dim=(-2, -1)))
+    assert (cos > 0.98).all()  # pointing where U V^T points
+
+
+def test_muon_step_matches_torch_muon():
+    """The Muon group against torch.optim.Muon (bf16 Newton-Schulz there; ours in bf16 too here)."""
+    settings = OptimSettings(name="muon", muon_lr=0.02, momentum=0.95, weight_decay=0.1, ns_dtype="bfloat16")
+    ours_model, ref_model = _tiny_gpt(), _tiny_gpt()
+    ours = build_optimizer(ours_model, settings, torch.device("cpu"))
+    ours.param_groups = [g for g in ours.param_groups if g["kind"] == "muon"]
+    names = [n for n, p in ours_model.named_parameters() if any(p is q for q in ours.param_groups[0]["params"])]
+    ref_params = dict(ref_model.named_parameters())
+    ref = torch.optim.Muon([ref_params[n] for n in names], lr=0.02, weight_decay=0.1, momentum=0.95)
+    _train(ours_model, ours, 3), _train(ref_model, ref, 3)
+    for n in names:
+        # same bf16 arithmetic: equal here; the steps themselves move weights by ~1e-2
+        torch.testing.assert_close(dict(ours_model.named_parameters())[n], ref_params[n], rtol=0, atol=1e-6)
+    start = dict(_tiny_gpt().named_parameters())
+    assert all((ref_params[n] - start[n]).abs().max() > 5e-3 for n in names)
+
+
+def test_ns_precision_follows_the_device():
+    s = OptimSettings(name="muon")
+    assert ns_dtype_for(s, torch.device("cpu")) == torch.float32
+    assert ns_dtype_for(s, torch.device("cuda")) == torch.bfloat16
+    assert ns_dtype_for(OptimSettings(name="muon", ns_dtype="bfloat16"), torch.device("cpu")) == torch.bfloat16
+
+
+def test_resuming_with_another_optimizer_is_a_clear_error():
+    model = _tiny_gpt()
+    adamw = build_optimizer(model, OptimSettings(), torch.device("cpu"))
+    _train(model, adamw, 1)
+    muon = build_optimizer(model, OptimSettings(name="muon"), torch.device("cpu"))
+    with pytest.raises(TinyGPTError, match="optim=adamw"):
+        muon.load_state_dict(adamw.state_dict())
+
+
+def test_training_imports_no_dynamo():
+    """torch.optim imports torch._dynamo (~70 MB resident) on first use; our optimizers must not,
+    or the CPU quickstart's memory grows by a fifth."""
+    code = (
+        "import sys, torch; from gpt.model import GPT, GPTConfig; from gpt.optim import build_optimizer; "
+        "from gpt.config import OptimSettings\n"
+        "m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=1, n_embd=8))\n"
+        "for name in ('adamw', 'muon'):\n"
+        "    o = build_optimizer(m, OptimSettings(name=name), torch.device('cpu'))\n"
+        "    x = torch.zeros(1, 8, dtype=torch.long); m(x, x)[1].backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\n"
+        "    o.step(); o.zero_grad(); o.load_state_dict(o.state_dict())\n"
+        "print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
