@@ -63,6 +63,19 @@ class Optimizer:
         self.param_groups = [{**g, "lr": g["base_lr"]} for g in groups if g["params"]]
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
+    def describe(self) -> str:
+        """'muon on 16 matrices (786,432 parameters, peak lr 0.02, Newton-Schulz in float32) + ...'"""
+        parts = {}
+        for g in self.param_groups:
+            n, size = parts.get(g["kind"], (0, 0))
+            parts[g["kind"]] = (n + len(g["params"]), size + sum(p.numel() for p in g["params"]))
+        peak = {g["kind"]: g["base_lr"] for g in self.param_groups}
+        return " + ".join(
+            f"{kind} on {n} tensors ({size:,} parameters, peak lr {peak[kind]:g}"
+            + (f", Newton-Schulz in {str(self.ns_dtype).removeprefix('torch.')})" if kind == "muon" else ")")
+            for kind, (n, size) in sorted(parts.items(), key=lambda kv: kv[0] != "muon")
+        )
+
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 

@@ -179,6 +179,7 @@ class Trainer:
             f"{self.model.num_params():,} parameters; micro-batch {self.ts.batch_size} x accum {self.ts.grad_accum_steps}"
             f" x {self.dist.world_size} process(es) = global batch of {self.tokens_per_step:,} tokens/step"
         )
+        self.log(f"optimizer {self.optimizer.describe()}")
 
     # --- setup helpers ------------------------------------------------------------------------
 

@@ -166,6 +166,8 @@ def test_ns_precision_follows_the_device():
     assert ns_dtype_for(s, torch.device("cpu")) == torch.float32
     assert ns_dtype_for(s, torch.device("cuda")) == torch.bfloat16
     assert ns_dtype_for(OptimSettings(name="muon", ns_dtype="bfloat16"), torch.device("cpu")) == torch.bfloat16
+    line = build_optimizer(_tiny_gpt(), s, torch.device("cpu")).describe()  # what the trainer prints
+    assert line.startswith("muon on 8 tensors (6,144 parameters, peak lr 0.02, Newton-Schulz in float32) + adamw on 20 tensors")
 
 
 def test_resuming_with_another_optimizer_is_a_clear_error():
@@ -192,3 +194,22 @@ def test_training_imports_no_dynamo():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_grad_scaler_steps_and_skips_with_our_optimizer(name):
+    """fp16 training on older GPUs goes through GradScaler: it must unscale our groups, step on
+    finite gradients and skip (and lower the scale) on overflow. The CPU scaler runs the same code."""
+    model = _tiny_gpt()
+    opt = build_optimizer(model, OptimSettings(name=name), torch.device("cpu"))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    for poison, should_move in ((1.0, True), (float("inf"), False)):
+        before = [p.clone() for p in model.parameters()]
+        scaler.scale(model(x, x)[1] * poison).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())) == should_move
+    assert scaler.get_scale() == 2.0**9
