@@ -149,10 +149,19 @@ def resume_source(resume, out_dir: Path) -> Path | None:
         return None
     p = Path(str(resume)).expanduser()
     if p.is_file():
-        return p
-    if p.is_dir():
-        found = latest(p)
-        if found is None:
+        source = p
+    elif p.is_dir():
+        source = latest(p)
+        if source is None:
             raise TinyGPTError(f"resume={p}: the directory holds no ckpt-*.pt checkpoint to resume from")
-        return found
-    raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")
+    else:
+        raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")
+    # Another trajectory's checkpoints in this directory would be overwritten (same step names)
+    # or pruned (retention keeps the highest steps): refuse rather than lose them.
+    own = latest(out_dir)
+    if own is not None and source.resolve() != own.resolve():
+        raise TinyGPTError(
+            f"{out_dir} already holds a run (newest checkpoint {own.name}); continuing from {source} there would "
+            f"overwrite or prune its checkpoints: train into a new directory, or use resume=auto to continue that run"
+        )
+    return source

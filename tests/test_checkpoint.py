@@ -104,6 +104,24 @@ def test_retention_and_resume_sources(tmp_path):
         checkpoint.resume_source(False, tmp_path)
     with pytest.raises(TinyGPTError, match="neither"):
         checkpoint.resume_source("nowhere", tmp_path)
+    # the newest checkpoint of this very directory, named explicitly: that is plain resuming
+    newest = tmp_path / "checkpoints/ckpt-0000020.pt"
+    assert checkpoint.resume_source(str(newest), tmp_path) == newest
+
+
+@pytest.mark.parametrize("source", ["older_here", "other_run"])
+def test_resume_refuses_to_mix_trajectories_in_one_directory(tmp_path, source):
+    """Continuing from an older checkpoint (or another run) inside a directory holding a run would
+    overwrite its ckpt-<step> files or let retention prune them: refused, nothing touched."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    for d, steps in ((run, (10, 20)), (other, (5,))):
+        (d / checkpoint.CKPT_DIR).mkdir(parents=True)
+        for step in steps:
+            (d / checkpoint.CKPT_DIR / checkpoint.step_file(step)).write_bytes(b"x")
+    src = run / checkpoint.CKPT_DIR / checkpoint.step_file(10) if source == "older_here" else other
+    with pytest.raises(TinyGPTError, match="already holds a run .*ckpt-0000020.pt.*new directory"):
+        checkpoint.resume_source(str(src), run)
+    assert sorted(p.name for p in (run / checkpoint.CKPT_DIR).iterdir()) == ["ckpt-0000010.pt", "ckpt-0000020.pt"]
 
 
 def test_unwrap_compiled_and_ddp_style_wrappers():
