@@ -64,7 +64,7 @@ class Optimizer:
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def describe(self) -> str:
-        """'muon on 16 matrices (786,432 parameters, peak lr 0.02, Newton-Schulz in float32) + ...'"""
+        """'muon on 16 tensors (786,432 parameters, peak lr 0.02, Newton-Schulz in float32) + ...'"""
         parts = {}
         for g in self.param_groups:
             n, size = parts.get(g["kind"], (0, 0))
@@ -147,8 +147,9 @@ class Optimizer:
 
     def load_state_dict(self, sd: dict) -> None:
         saved = sd["param_groups"]
-        # Checkpoints from torch.optim.AdamW carry no "kind": they are AdamW's.
-        layout = [(g.get("kind", "adamw"), len(g["params"])) for g in saved]
+        # Checkpoints from torch.optim.AdamW carry no "kind" (they are AdamW's) and may hold an
+        # empty group (LoRA trains matrices only), which this class does not keep.
+        layout = [(g.get("kind", "adamw"), len(g["params"])) for g in saved if g["params"]]
         if layout != [(g["kind"], len(g["params"])) for g in self.param_groups]:
             kinds = sorted({kind for kind, _ in layout})
             raise TinyGPTError(

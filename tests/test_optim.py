@@ -213,3 +213,17 @@ def test_grad_scaler_steps_and_skips_with_our_optimizer(name):
         opt.zero_grad(set_to_none=True)
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())) == should_move
     assert scaler.get_scale() == 2.0**9
+
+
+def test_torch_state_with_an_empty_group_resumes():
+    """Older LoRA checkpoints: torch.optim kept the (empty) no-decay group; this class drops it."""
+    model = _tiny_gpt()
+    for p in model.parameters():
+        p.requires_grad_(p.dim() == 2)  # matrices only, as LoRA's adapters
+    mats = [p for p in model.parameters() if p.requires_grad]
+    ref = torch.optim.AdamW([{"params": mats, "weight_decay": 0.1}, {"params": [], "weight_decay": 0.0}], lr=1e-3)
+    _train(model, ref, 2)
+    ours = build_optimizer(model, OptimSettings(), torch.device("cpu"))
+    assert [len(g["params"]) for g in ours.param_groups] == [len(mats)]
+    ours.load_state_dict(ref.state_dict())
+    assert all(torch.equal(ours.state[p]["exp_avg"], ref.state[p]["exp_avg"]) for p in mats)
