@@ -156,12 +156,32 @@ def resume_source(resume, out_dir: Path) -> Path | None:
             raise TinyGPTError(f"resume={p}: the directory holds no ckpt-*.pt checkpoint to resume from")
     else:
         raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")
-    # Another trajectory's checkpoints in this directory would be overwritten (same step names)
-    # or pruned (retention keeps the highest steps): refuse rather than lose them.
     own = latest(out_dir)
-    if own is not None and source.resolve() != own.resolve():
-        raise TinyGPTError(
-            f"{out_dir} already holds a run (newest checkpoint {own.name}); continuing from {source} there would "
-            f"overwrite or prune its checkpoints: train into a new directory, or use resume=auto to continue that run"
-        )
-    return source
+    if own is None or source.resolve() == own.resolve():
+        return source
+    # This directory's run began from `resume` and has saved since (preempted, rerun with the
+    # same overrides): continue it, not the starting point again.
+    if source.resolve().parent != own.resolve().parent and _same_path(_started_from(own), resume):
+        return own
+    # Any other trajectory here would overwrite its ckpt-<step> files (same step names) or have
+    # them pruned (retention keeps the highest steps): refuse rather than lose them.
+    raise TinyGPTError(
+        f"{out_dir} already holds a run (newest checkpoint {own.name}); continuing from {source} there would "
+        f"overwrite or prune its checkpoints: train into a new directory, or use resume=auto to continue that run"
+    )
+
+
+def _started_from(ckpt: Path) -> str | None:
+    """The `resume` setting a checkpoint's run was launched with. mmap: only the small config
+    is read, not the weights."""
+    try:
+        cfg = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("config") or {}
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError):
+        return None
+    return cfg.get("resume")
+
+
+def _same_path(a, b) -> bool:
+    if not isinstance(a, str) or not isinstance(b, str):
+        return False
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

@@ -13,6 +13,8 @@ from gpt.preemption import Preempted
 
 T = TypeVar("T")
 
+MUON_ONLY = ("muon_lr", "momentum", "ns_steps", "ns_dtype")  # keys configs/optim/adamw.yaml lacks
+
 
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
@@ -59,6 +61,8 @@ def check_keys(argv: list[str], config_dir: Path, config_name: str) -> None:
         bad = next((a for a in overrides if f"'{a.split('=', 1)[0].lstrip('+~')}'" in text), None)
         if "not in struct" in text and bad:
             key = bad.split("=", 1)[0]
+            if key.removeprefix("optim.") in MUON_ONLY:
+                fail(f"{key} is a Muon setting and this run uses optim=adamw (an experiment may pin it); add optim=muon")
             fail(f"unknown setting {key!r}; list the valid keys with `python {config_name_script(config_name)} --cfg job`")
         fail(text.strip().splitlines()[0])
 

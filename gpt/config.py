@@ -93,7 +93,7 @@ class OptimSettings:
     muon_lr: float = 0.02
     momentum: float = 0.95
     ns_steps: int = 5
-    ns_dtype: str = "auto"  # Newton-Schulz precision: auto = bfloat16 on CUDA, float32 elsewhere
+    ns_dtype: str = "auto"  # Newton-Schulz precision: auto = bfloat16 on CUDA SM >= 80, float32 elsewhere
 
     def __post_init__(self) -> None:
         check_types(self, "optim")

@@ -25,12 +25,15 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 def hidden_matrices(model: nn.Module) -> set[nn.Parameter]:
     """The 2-D weights inside the network: not the token embedding or the LM head (tied or not),
-    which map between the vocabulary and the residual stream and are better left to AdamW."""
+    which map between the vocabulary and the residual stream and are better left to AdamW, and
+    not LoRA's low-rank factors (rank x d: orthogonalising those rescales the adapter, it does
+    not condition a weight matrix's update)."""
     edge = set()
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding) or name.split(".")[-1] == "lm_head":
             edge.update(module.parameters(recurse=False))
-    return {p for p in model.parameters() if p.dim() == 2 and p not in edge}
+    lora = {p for name, p in model.named_parameters() if ".lora_" in f".{name}"}
+    return {p for p in model.parameters() if p.dim() == 2 and p not in edge and p not in lora}
 
 
 def param_groups(model: nn.Module, settings: OptimSettings) -> list[dict]:
@@ -168,11 +171,12 @@ class Optimizer:
 
 
 def ns_dtype_for(settings: OptimSettings, device: torch.device) -> torch.dtype:
-    """bf16 where matmuls run on tensor cores (CUDA); fp32 elsewhere, because CPUs without
-    native bf16 (AVX2) emulate it: ~10x slower there than fp32."""
+    """bf16 where the hardware has it natively (CUDA from Ampere, SM 80, on); fp32 elsewhere:
+    older GPUs and CPUs without native bf16 (AVX2) emulate it, ~10x slower than fp32 here."""
     if settings.ns_dtype != "auto":
         return getattr(torch, settings.ns_dtype)
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    native = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    return torch.bfloat16 if native else torch.float32
 
 
 def build_optimizer(model: nn.Module, settings: OptimSettings, device: torch.device) -> Optimizer:

@@ -124,6 +124,22 @@ def test_resume_refuses_to_mix_trajectories_in_one_directory(tmp_path, source):
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR).iterdir()) == ["ckpt-0000010.pt", "ckpt-0000020.pt"]
 
 
+def test_a_run_started_from_another_continues_its_own_checkpoints(tmp_path):
+    """`resume=A` into B, preempted, rerun with the same overrides (what the stop message says):
+    B's newest checkpoint is the one to continue, not A's again."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    checkpoint.save(a / checkpoint.CKPT_DIR / checkpoint.step_file(500), {"model": {}, "model_config": {}, "config": {}})
+    assert checkpoint.resume_source(str(a), b) == checkpoint.latest(a)  # first launch: B is empty
+    launched_with = {"model": {}, "model_config": {}, "config": {"resume": str(a)}}
+    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(750), launched_with)
+    assert checkpoint.resume_source(str(a), b) == b / checkpoint.CKPT_DIR / checkpoint.step_file(750)
+    # B launched from elsewhere: continuing it from A would mix trajectories
+    other = {"model": {}, "model_config": {}, "config": {"resume": str(tmp_path / "C")}}
+    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(1000), other)
+    with pytest.raises(TinyGPTError, match="already holds a run"):
+        checkpoint.resume_source(str(a), b)
+
+
 def test_unwrap_compiled_and_ddp_style_wrappers():
     model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
 

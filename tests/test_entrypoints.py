@@ -123,6 +123,7 @@ def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run,
         ("train.py", ["optim.lr=fast"], ["optim.lr must be a number", "'fast'"]),
         ("train.py", ["compile=maybe"], ["compile=", "true"]),
         ("train.py", ["train.max_iter=20"], ["unknown setting 'train.max_iter'", "--cfg job"]),
+        ("train.py", ["experiment=shakespeare_char", "optim.muon_lr=0.05"], ["optim.muon_lr is a Muon setting", "add optim=muon"]),
         ("sample.py", ["top_p=1.5"], ["top_p must be in (0, 1]"]),
     ]
     for script, args, needles in cases:

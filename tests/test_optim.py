@@ -10,6 +10,7 @@ import torch
 from gpt.architectures import build, config_from_dict
 from gpt.config import OptimSettings
 from gpt.errors import TinyGPTError
+from gpt.lora import apply_lora
 from gpt.model import GPT, GPTConfig
 from gpt.optim import CosineSchedule, build_optimizer, ns_dtype_for, orthogonalize, param_groups
 
@@ -127,6 +128,13 @@ def test_muon_takes_the_hidden_matrices_only():
     adamw_only = param_groups(model, OptimSettings(name="adamw"))
     assert [g["kind"] for g in adamw_only] == ["adamw", "adamw"]
 
+    lora_model = _tiny_gpt()  # adapters are low-rank factors: AdamW's
+    apply_lora(lora_model, rank=2, alpha=4)
+    for name, p in lora_model.named_parameters():
+        p.requires_grad_(".lora_" in name)
+    lora_groups = param_groups(lora_model, OptimSettings(name="muon"))
+    assert [g["kind"] for g in lora_groups if g["params"]] == ["adamw"]
+
     rnn = build(config_from_dict({"arch": "lstm", "vocab_size": 32, "n_embd": 16, "n_hidden": 24, "n_layer": 2}))
     muon = {id(p) for g in param_groups(rnn, OptimSettings(name="muon")) if g["kind"] == "muon" for p in g["params"]}
     assert {n for n, p in rnn.named_parameters() if id(p) in muon} == {f"rnn.weight_{k}_l{i}" for k in ("ih", "hh") for i in range(2)}
@@ -161,10 +169,13 @@ def test_muon_step_matches_torch_muon():
     assert all((ref_params[n] - start[n]).abs().max() > 5e-3 for n in names)
 
 
-def test_ns_precision_follows_the_device():
+def test_ns_precision_follows_the_device(monkeypatch):
     s = OptimSettings(name="muon")
     assert ns_dtype_for(s, torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100/H200
     assert ns_dtype_for(s, torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # T4: emulated bf16
+    assert ns_dtype_for(s, torch.device("cuda")) == torch.float32
     assert ns_dtype_for(OptimSettings(name="muon", ns_dtype="bfloat16"), torch.device("cpu")) == torch.bfloat16
     line = build_optimizer(_tiny_gpt(), s, torch.device("cpu")).describe()  # what the trainer prints
     assert line.startswith("muon on 8 tensors (6,144 parameters, peak lr 0.02, Newton-Schulz in float32) + adamw on 20 tensors")
