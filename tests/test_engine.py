@@ -158,6 +158,34 @@ def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     assert max(abs(a["val"] - b["val"]) for a, b in zip(evals_one, evals_two)) <= 1e-5
 
 
+@pytest.mark.slow
+def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_root):
+    """A scheduler preempts the launcher: torchrun forwards SIGTERM to both workers, which agree
+    on the step to stop at, rank 0 saves, and both exit. (torchrun itself then reports the signal
+    and exits non-zero; that part is its own.) The same command again resumes."""
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    common = [*TINY_RUN, *data_overrides, "device=cpu", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
+    proc = subprocess.Popen([*launch, *common, "train.max_iters=100000"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert "stopped at step" in out and "resume with: torchrun" in out, err[-2000:]
+    stopped_at = checkpoint.load(checkpoint.latest(run_dir))["step"]
+    assert stopped_at >= 5 and len(checkpoint.step_checkpoints(run_dir)) == 1
+
+    resumed = subprocess.run([*launch, *common, f"train.max_iters={stopped_at + 3}"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"at step {stopped_at}" in resumed.stdout and "resuming from" in resumed.stdout
+    assert checkpoint.load(checkpoint.latest(run_dir))["step"] == stopped_at + 3
+
+
 def _poison(monkeypatch, bad_calls):
     """Make the training forward pass return NaN on the given (1-based) training calls."""
     real = GPT.forward
