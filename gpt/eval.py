@@ -4,6 +4,9 @@
     python -m gpt.eval run_dir=outputs/runs/<stamp> split=train max_tokens=200000
     python -m gpt.eval init_from=gpt2 text_file=essay.txt
     python -m gpt.eval ckpt=... data=shakespeare split=val                     # another prepared dataset
+    python -m gpt.eval runs_dir=elsewhere                                       # the newest run under it
+
+With neither ckpt, run_dir nor init_from, the newest run under runs_dir (default: outputs) is used.
 
 Every token is scored once: the text is cut into consecutive windows of block_size + 1 tokens
 (the first token of each window is context only). Bits per byte = total loss / ln 2 / the UTF-8
@@ -73,7 +76,7 @@ def main(argv: list[str]) -> None:
         print(__doc__)
         return
     opts = {"ckpt": None, "run_dir": None, "init_from": None, "text_file": None, "split": "val", "max_tokens": None,
-            "batch_size": "16", "device": "auto"}
+            "batch_size": "16", "device": "auto", "runs_dir": "outputs"}
     data_overrides = []
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -96,7 +99,7 @@ def main(argv: list[str]) -> None:
             model.to(rt.device)
             train_cfg, what = None, opts["init_from"]
         else:
-            path = checkpoint.resolve(opts["ckpt"], opts["run_dir"], "outputs")
+            path = checkpoint.resolve(opts["ckpt"], opts["run_dir"], opts["runs_dir"])
             model, tokenizer, ckpt = load_model(path, rt.device)
             train_cfg, what = ckpt.get("config"), str(path)
         max_tokens = int(opts["max_tokens"]) if opts["max_tokens"] else None

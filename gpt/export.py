@@ -2,6 +2,7 @@
 
     python -m gpt.export run_dir=outputs/runs/<stamp> out=hf_model
     python -m gpt.export ckpt=path/to/best.pt out=hf_model
+    python -m gpt.export out=hf_model [runs_dir=outputs]     # the newest run under runs_dir
 
 Then `transformers.GPT2LMHeadModel.from_pretrained("hf_model")` loads it (LoRA adapters are
 merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer).
@@ -23,14 +24,14 @@ def main(argv: list[str]) -> None:
         print(__doc__)
         return
     opts = dict(a.partition("=")[::2] for a in argv)
-    unknown = set(opts) - {"run_dir", "ckpt", "out"}
+    unknown = set(opts) - {"run_dir", "ckpt", "out", "runs_dir"}
     if unknown:
-        fail(f"unknown option(s) {', '.join(sorted(unknown))}; use run_dir=, ckpt= and out=")
+        fail(f"unknown option(s) {', '.join(sorted(unknown))}; use run_dir=, ckpt=, runs_dir= and out=")
 
     def run():
         if not opts.get("out"):
             raise TinyGPTError("pass out=<folder> for the Hugging Face files")
-        source = checkpoint.resolve(opts.get("ckpt"), opts.get("run_dir"), "outputs")
+        source = checkpoint.resolve(opts.get("ckpt"), opts.get("run_dir"), opts.get("runs_dir") or "outputs")
         model, tokenizer_spec = load_initial(str(source), dropout=0.0)
         out = export_hf(model, tokenizer_from_dict(tokenizer_spec), opts["out"])
         print(f"exported {source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")

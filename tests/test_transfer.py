@@ -186,7 +186,8 @@ def test_eval_command_reports_loss_perplexity_and_bits_per_byte(tmp_path, data_r
     bpb = float(line.split("bits per byte ")[1])
     assert abs(ppl - math.exp(loss)) / ppl < 1e-3
     assert abs(bpb - loss / math.log(2)) < 1e-3  # ASCII text, one char = one token = one byte
-    split = subprocess.run([sys.executable, "-m", "gpt.eval", f"run_dir={tmp_path / 'run'}", "max_tokens=2000"],
+    # no run named: the newest run under runs_dir
+    split = subprocess.run([sys.executable, "-m", "gpt.eval", f"runs_dir={tmp_path}", "max_tokens=2000"],
                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "TINYGPT_DATA_DIR": str(root)})
     assert split.returncode == 0, split.stderr
     assert "shakespeare_char val: 2,000 tokens" in split.stdout  # 2001 tokens -> 125 windows of 16 targets
@@ -206,8 +207,9 @@ def test_sample_py_from_an_exported_model(tmp_path, data_root):
 def test_export_command(tmp_path, data_root):
     root, data_overrides = data_root
     train(compose(_char_overrides(root, data_overrides), tmp_path / "run"))
-    proc = subprocess.run([sys.executable, "-m", "gpt.export", f"run_dir={tmp_path / 'run'}", f"out={tmp_path / 'hf'}"],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "gpt.export", f"runs_dir={tmp_path}", f"out={tmp_path / 'hf'}"],
+                          cwd=REPO, capture_output=True, text=True)  # the newest run under runs_dir
+    assert f"exported {tmp_path / 'run' / 'checkpoints'}" in proc.stdout, proc.stderr
     assert proc.returncode == 0, proc.stderr
     ours, _ = load_initial(str(tmp_path / "run"), dropout=0.0)
     hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
