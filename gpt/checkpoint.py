@@ -19,6 +19,7 @@ from gpt import __version__
 from gpt.errors import TinyGPTError
 
 CKPT_DIR = "checkpoints"
+RUNS_DIR = "outputs"  # paths.runs_dir's default, for the tools that run without Hydra
 BEST = "best.pt"
 _STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 _COMPILED_PREFIX = "_orig_mod."
@@ -53,12 +54,13 @@ def save(path: Path, payload: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
+    """mmap=True maps the tensors instead of reading them: cheap when only the metadata is needed."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
@@ -171,14 +173,9 @@ def resume_source(resume, out_dir: Path) -> Path | None:
     )
 
 
-def _started_from(ckpt: Path) -> str | None:
-    """The `resume` setting a checkpoint's run was launched with. mmap: only the small config
-    is read, not the weights."""
-    try:
-        cfg = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("config") or {}
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError):
-        return None
-    return cfg.get("resume")
+def _started_from(ckpt: Path):
+    """The `resume` setting the checkpoint's run was launched with (weights mapped, not read)."""
+    return (load(ckpt, mmap=True).get("config") or {}).get("resume")
 
 
 def _same_path(a, b) -> bool:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from gpt.config import OptimSettings
 from gpt.errors import TinyGPTError
 from gpt.preemption import Preempted
 
 T = TypeVar("T")
-
-MUON_ONLY = ("muon_lr", "momentum", "ns_steps", "ns_dtype")  # keys configs/optim/adamw.yaml lacks
 
 
 def fail(message: str) -> None:
@@ -61,7 +61,8 @@ def check_keys(argv: list[str], config_dir: Path, config_name: str) -> None:
         bad = next((a for a in overrides if f"'{a.split('=', 1)[0].lstrip('+~')}'" in text), None)
         if "not in struct" in text and bad:
             key = bad.split("=", 1)[0]
-            if key.removeprefix("optim.") in MUON_ONLY:
+            # A real optim setting the composed group lacks: one of optim=muon's, under optim=adamw.
+            if key.startswith("optim.") and key.removeprefix("optim.") in {f.name for f in fields(OptimSettings)}:
                 fail(f"{key} is a Muon setting and this run uses optim=adamw (an experiment may pin it); add optim=muon")
             fail(f"unknown setting {key!r}; list the valid keys with `python {config_name_script(config_name)} --cfg job`")
         fail(text.strip().splitlines()[0])

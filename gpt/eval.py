@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
         print(__doc__)
         return
     opts = {"ckpt": None, "run_dir": None, "init_from": None, "text_file": None, "split": "val", "max_tokens": None,
-            "batch_size": "16", "device": "auto", "runs_dir": "outputs"}
+            "batch_size": "16", "device": "auto", "runs_dir": checkpoint.RUNS_DIR}
     data_overrides = []
     for arg in argv:
         key, _, value = arg.partition("=")

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     def run():
         if not opts.get("out"):
             raise TinyGPTError("pass out=<folder> for the Hugging Face files")
-        source = checkpoint.resolve(opts.get("ckpt"), opts.get("run_dir"), opts.get("runs_dir") or "outputs")
+        source = checkpoint.resolve(opts.get("ckpt"), opts.get("run_dir"), opts.get("runs_dir", checkpoint.RUNS_DIR))
         model, tokenizer_spec = load_initial(str(source), dropout=0.0)
         out = export_hf(model, tokenizer_from_dict(tokenizer_spec), opts["out"])
         print(f"exported {source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")

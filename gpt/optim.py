@@ -153,12 +153,12 @@ class Optimizer:
         # Checkpoints from torch.optim.AdamW carry no "kind" (they are AdamW's) and may hold an
         # empty group (LoRA trains matrices only), which this class does not keep.
         layout = [(g.get("kind", "adamw"), len(g["params"])) for g in saved if g["params"]]
-        if layout != [(g["kind"], len(g["params"])) for g in self.param_groups]:
-            kinds = sorted({kind for kind, _ in layout})
+        ours = [(g["kind"], len(g["params"])) for g in self.param_groups]
+        if layout != ours:
+            trained_with = "muon" if any(kind == "muon" for kind, _ in layout) else "adamw"
             raise TinyGPTError(
-                f"the checkpoint's optimizer state does not fit: it holds {layout}, this run has "
-                f"{[(g['kind'], len(g['params'])) for g in self.param_groups]}; resume with the optimizer it "
-                f"was trained with (optim={'muon' if 'muon' in kinds else 'adamw'}) and the same trainable parameters"
+                f"the checkpoint's optimizer state does not fit: it holds {layout}, this run has {ours}; resume with "
+                f"the optimizer it was trained with (optim={trained_with}) and the same trainable parameters"
             )
         params = self._params()
         self.state = {}

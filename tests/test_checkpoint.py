@@ -114,10 +114,10 @@ def test_resume_refuses_to_mix_trajectories_in_one_directory(tmp_path, source):
     """Continuing from an older checkpoint (or another run) inside a directory holding a run would
     overwrite its ckpt-<step> files or let retention prune them: refused, nothing touched."""
     run, other = tmp_path / "run", tmp_path / "other"
+    launched_fresh = {"model": {}, "model_config": {}, "config": {"resume": "auto"}}
     for d, steps in ((run, (10, 20)), (other, (5,))):
-        (d / checkpoint.CKPT_DIR).mkdir(parents=True)
         for step in steps:
-            (d / checkpoint.CKPT_DIR / checkpoint.step_file(step)).write_bytes(b"x")
+            checkpoint.save(d / checkpoint.CKPT_DIR / checkpoint.step_file(step), launched_fresh)
     src = run / checkpoint.CKPT_DIR / checkpoint.step_file(10) if source == "older_here" else other
     with pytest.raises(TinyGPTError, match="already holds a run .*ckpt-0000020.pt.*new directory"):
         checkpoint.resume_source(str(src), run)

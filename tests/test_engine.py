@@ -76,19 +76,25 @@ def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
     assert checkpoint.latest(tmp_path / "b").name == "ckpt-0000040.pt"
 
 
-def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
-    root, data_overrides = data_root
-    run_dir = tmp_path / "run"
-    args = [*TINY_RUN, *data_overrides, "train.max_iters=100000", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _sigterm_after_step_5(cmd: list[str], cwd, env) -> tuple[int, str, str]:
+    """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end.
+    Returns (exit status, stdout, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("step 5/"):
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    return proc.returncode, out, err
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    args = [*TINY_RUN, *data_overrides, "train.max_iters=100000", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
+    returncode, out, err = _sigterm_after_step_5([sys.executable, str(REPO / "train.py"), *args], tmp_path, env)
+    assert returncode == 0, err[-2000:]
     assert "stopped at step" in out and f"hydra.run.dir={run_dir}" in out
     stopped_at = checkpoint.load(checkpoint.latest(run_dir))["step"]
     assert stopped_at >= 5
@@ -168,13 +174,7 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     common = [*TINY_RUN, *data_overrides, "device=cpu", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
-    proc = subprocess.Popen([*launch, *common, "train.max_iters=100000"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 5/"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    _, out, err = _sigterm_after_step_5([*launch, *common, "train.max_iters=100000"], tmp_path, env)
     assert "stopped at step" in out and "resume with: torchrun" in out, err[-2000:]
     stopped_at = checkpoint.load(checkpoint.latest(run_dir))["step"]
     assert stopped_at >= 5 and len(checkpoint.step_checkpoints(run_dir)) == 1

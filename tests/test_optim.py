@@ -54,11 +54,14 @@ def _tiny_gpt(seed: int = 0) -> GPT:
     return GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
 
 
-def _train(model, opt, steps: int, lr_of=lambda step: None, seed: int = 1) -> list[float]:
+def _train(model, opt, steps: int, lr_of=lambda step: None, seed: int = 1, start: int = 0) -> list[float]:
+    """Steps start..steps-1 of a seeded batch stream (the first `start` batches are skipped)."""
     g = torch.Generator().manual_seed(seed)
     losses = []
     for step in range(steps):
         x = torch.randint(0, 32, (4, 8), generator=g)
+        if step < start:
+            continue
         _, loss = model(x, x.roll(-1, dims=1))
         loss.backward()
         for group in opt.param_groups:
@@ -104,17 +107,7 @@ def test_optimizer_state_round_trip_continues_exactly():
     model2.load_state_dict(saved_model)
     opt2 = build_optimizer(model2, settings, torch.device("cpu"))
     opt2.load_state_dict(saved_opt)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(5):  # the data stream of the first five steps, skipped
-        torch.randint(0, 32, (4, 8), generator=g)
-    rest = []
-    for _ in range(5):
-        x = torch.randint(0, 32, (4, 8), generator=g)
-        _, loss = model2(x, x.roll(-1, dims=1))
-        loss.backward()
-        opt2.step()
-        opt2.zero_grad(set_to_none=True)
-        rest.append(loss.item())
+    rest = _train(model2, opt2, 10, start=5)
     assert first + rest == full_losses  # bitwise
 
 
