@@ -22,6 +22,8 @@ from gpt.generation import Decoder, SamplingConfig
 from gpt.model import GPT, GPTConfig
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "model"
+# The transformer presets: the KV cache vs recompute comparison is theirs (recurrent models carry a state).
+GPT_SHAPES = sorted(p.stem for p in MODELS.glob("*.yaml") if OmegaConf.load(p).get("arch", "gpt") == "gpt")
 
 
 def build(shape: str, char_vocab: int = 65) -> GPT:
@@ -46,7 +48,8 @@ def run_once(model: GPT, new_tokens: int, use_cache: bool) -> tuple[float, float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["baby-gpt", "gpt2"], help="model presets from configs/model")
+    ap.add_argument("--shapes", nargs="+", default=["baby-gpt", "gpt2"], help="model presets from configs/model",
+                    choices=GPT_SHAPES)
     ap.add_argument("--new-tokens", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["cache", "nocache"], choices=["cache", "nocache"])
