@@ -27,6 +27,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from gpt.cli import check_keys, guard, preflight
 from gpt.tracking import logger
 from gpt.trainer import Trainer, train_step
 
@@ -102,6 +103,13 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None, help="measure the time to this val loss instead")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    # Same checks and one-line errors as train.py for the overrides (e.g. model=gpt5, optim.lr=fast).
+    preflight(args.overrides, CONFIGS)
+    check_keys(args.overrides, CONFIGS, "config")
+    guard(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> None:
     logger.disabled = True  # the table is the output
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads; overrides: {' '.join(args.overrides) or '(quickstart)'}")
     if args.target is not None:
