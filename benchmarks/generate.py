@@ -13,30 +13,29 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from gpt.generation import Decoder, SamplingConfig
-from gpt.model import GPT, GPTConfig
+from gpt import architectures
+from gpt.apps.common import compose, config_dir
+from gpt.config import GPTSettings, SamplingSettings
+from gpt.generation import Decoder
+from gpt.model import GPT
 
-MODELS = Path(__file__).resolve().parent.parent / "configs" / "model"
 # The transformer presets: the KV cache vs recompute comparison is theirs (recurrent models carry a state).
-GPT_SHAPES = sorted(p.stem for p in MODELS.glob("*.yaml") if OmegaConf.load(p).get("arch", "gpt") == "gpt")
+GPT_SHAPES = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml") if "schema_gpt" in p.read_text())
 
 
 def build(shape: str, char_vocab: int = 65) -> GPT:
-    preset = OmegaConf.to_container(OmegaConf.load(MODELS / f"{shape}.yaml"))
-    preset["vocab_size"] = preset.get("vocab_size") or char_vocab
-    preset["dropout"] = 0.0
+    settings = compose("config", [f"model={shape}", "model.dropout=0.0"]).model
+    assert isinstance(settings, GPTSettings)
     torch.manual_seed(0)
-    return GPT(GPTConfig.from_dict(preset)).eval()
+    return GPT(architectures.config_from_settings(settings, vocab_size=char_vocab)).eval()
 
 
 def run_once(model: GPT, new_tokens: int, use_cache: bool) -> tuple[float, float]:
     """(seconds to the first token, seconds for all new_tokens)."""
-    cfg = SamplingConfig(max_new_tokens=new_tokens, temperature=0.0, use_cache=use_cache)
+    cfg = SamplingSettings(max_new_tokens=new_tokens, temperature=0.0, kv_cache=use_cache)
     decoder = Decoder(model, [[0]], cfg, seeds=[0])
     t0 = time.perf_counter()
     decoder.step()
@@ -48,8 +47,9 @@ def run_once(model: GPT, new_tokens: int, use_cache: bool) -> tuple[float, float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["baby-gpt", "gpt2"], help="model presets from configs/model",
-                    choices=GPT_SHAPES)
+    ap.add_argument(
+        "--shapes", nargs="+", default=["baby-gpt", "gpt2"], help="model presets from configs/model", choices=GPT_SHAPES
+    )
     ap.add_argument("--new-tokens", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["cache", "nocache"], choices=["cache", "nocache"])
@@ -70,8 +70,11 @@ def main() -> None:
                 first = statistics.median(r[0] for r in runs)
                 total = statistics.median(r[1] for r in runs)
                 rates[shape, mode] = args.new_tokens / total
-                print(f"{shape:<10} {model.num_params() / 1e6:>7.1f}M {model.config.block_size:>6} {mode:<8} "
-                      f"{rates[shape, mode]:>9.1f} {first * 1000:>15.1f} {total:>8.1f}", flush=True)
+                print(
+                    f"{shape:<10} {model.num_params() / 1e6:>7.1f}M {model.config.block_size:>6} {mode:<8} "
+                    f"{rates[shape, mode]:>9.1f} {first * 1000:>15.1f} {total:>8.1f}",
+                    flush=True,
+                )
             if ("cache" in args.modes) and ("nocache" in args.modes):
                 print(f"{shape:<10} speed-up with the cache: {rates[shape, 'cache'] / rates[shape, 'nocache']:.1f}x", flush=True)
 

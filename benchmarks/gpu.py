@@ -25,12 +25,30 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import time_to_target  # noqa: E402
-
 from gpt import runtime  # noqa: E402
-from gpt.config import OptimSettings  # noqa: E402
+from gpt.config import OPTIMIZERS  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.optim import build_optimizer  # noqa: E402
+from train import time_to_target  # noqa: E402
+
+
+def _training_step(cfg: GPTConfig, rt, optim: str, batch: int):
+    """The model and a function that takes one compiled bf16 training step on a fixed batch."""
+    model = GPT(cfg).to(rt.device)
+    opt = build_optimizer(model, OPTIMIZERS[optim](lr=6e-4, min_lr=6e-5, weight_decay=0.1, beta2=0.95), rt.device)
+    step_model = torch.compile(model)
+    x = torch.randint(0, 50257, (batch, 1024), device=rt.device)
+    y = torch.randint(0, 50257, (batch, 1024), device=rt.device)
+
+    def step():
+        with rt.autocast():
+            _, loss = step_model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, step
 
 
 def gpt2_throughput(max_batch: int, steps: int, repeats: int, peak: float | None, optim: str) -> None:
@@ -42,26 +60,13 @@ def gpt2_throughput(max_batch: int, steps: int, repeats: int, peak: float | None
     while batch >= 1:
         try:
             torch.cuda.empty_cache()
-            model = GPT(cfg).to(rt.device)
-            opt = build_optimizer(model, OptimSettings(name=optim, lr=6e-4, weight_decay=0.1, beta2=0.95), rt.device)
-            step_model = torch.compile(model)
-            x = torch.randint(0, 50257, (batch, 1024), device=rt.device)
-            y = torch.randint(0, 50257, (batch, 1024), device=rt.device)
-
-            def step():
-                with rt.autocast():
-                    _, loss = step_model(x, y)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
+            model, step = _training_step(cfg, rt, optim, batch)
             for _ in range(5):  # compile and warm up
                 step()
             torch.cuda.synchronize()
             break
         except torch.OutOfMemoryError:
-            del model, opt, step_model
+            model = step = None  # free the failed attempt before the next
             batch //= 2
             print(f"out of memory; micro-batch {batch}")
     times = []
@@ -75,8 +80,10 @@ def gpt2_throughput(max_batch: int, steps: int, repeats: int, peak: float | None
     dt = statistics.median(times)
     tok_s = batch * 1024 / dt
     mfu = model.flops_per_token(1024) * tok_s / peak if peak else float("nan")
-    print(f"GPT-2 124M ({optim}), micro-batch {batch} x 1024: {dt * 1000:.1f} ms/step, {tok_s:,.0f} tokens/s, MFU {mfu * 100:.1f}% "
-          f"of {peak / 1e12:.0f} TFLOP/s, peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    print(
+        f"GPT-2 124M ({optim}), micro-batch {batch} x 1024: {dt * 1000:.1f} ms/step, {tok_s:,.0f} tokens/s, MFU {mfu * 100:.1f}% "
+        f"of {peak / 1e12:.0f} TFLOP/s, peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+    )
 
 
 def main() -> None:
@@ -94,17 +101,26 @@ def main() -> None:
     if args.part in ("throughput", "both"):
         gpt2_throughput(args.max_batch, args.steps, args.repeats, args.peak_flops, args.optim)
     if args.part in ("baby", "both"):
-        overrides = ["experiment=shakespeare_char", "train.eval_interval=100", "train.eval_iters=50", "device=cuda",
-                     f"optim={args.optim}"]
+        overrides = [
+            "experiment=shakespeare_char",
+            "train.eval_interval=100",
+            "train.eval_iters=50",
+            "device=cuda",
+            f"optim={args.optim}",
+        ]
         reached = []
         for i in range(args.repeats):
             sec, step, val = time_to_target(overrides, args.target)
-            print(f"baby GPT ({args.optim}) run {i + 1}: val {val:.4f} "
-                  + (f"<= {args.target} at step {step} after {sec:.1f} s" if sec else f"never <= {args.target}"))
+            print(
+                f"baby GPT ({args.optim}) run {i + 1}: val {val:.4f} "
+                + (f"<= {args.target} at step {step} after {sec:.1f} s" if sec else f"never <= {args.target}")
+            )
             if sec:
                 reached.append(sec)
         if reached:
-            print(f"baby GPT median: {statistics.median(reached):.1f} s to val <= {args.target} ({len(reached)}/{args.repeats} runs)")
+            print(
+                f"baby GPT median: {statistics.median(reached):.1f} s to val <= {args.target} ({len(reached)}/{args.repeats} runs)"
+            )
 
 
 if __name__ == "__main__":

@@ -21,15 +21,11 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
 from tqdm import tqdm
 
+from gpt.apps.common import compose
 from gpt.tracking import MetricsFile, RunSummary, TensorBoardTracker, logger
-from gpt.trainer import Trainer, train_step
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from gpt.training import Trainer, build_run
 
 
 def median_time(fn, n: int) -> float:
@@ -47,39 +43,33 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="tinygpt-overhead-"))
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", [f"paths.output_dir={out}", *args.overrides]), resolve=True)
-    t = Trainer(cfg)
-    ts = t.ts
-
-    def step():
-        loss, norm = train_step(t.step_model, t.batches, t.optimizer, t.scaler, t.rt, ts.grad_accum_steps, ts.grad_clip)
-        t._apply_or_skip(loss, norm, t.step)
-        return loss, norm
+    t = Trainer(build_run(compose("config", [f"paths.output_dir={out}", *args.overrides], "python benchmarks/overhead.py")))
+    run, ts = t.run, t.ts
 
     for _ in range(20):  # warm-up
-        step()
-    t_step = median_time(step, args.steps)
+        t.step()
+    t_step = median_time(t.step, args.steps)
 
     tracker, metrics = TensorBoardTracker(out / "tb"), MetricsFile(out / "metrics.jsonl")
-    loss, norm = step()
+    loss, norm = t.step()
     logger.disabled = True  # time the formatting and I/O, not the terminal
+    step = run.progress.step
 
     def log_event():
         value = loss.item()
         values = {"loss/train": value, "lr": 1e-3, "grad_norm": norm.item(), "perf/tokens_per_s": 1.0, "perf/ms_per_step": 1.0}
-        logger.info(f"step {t.step}/{ts.max_iters}: loss {value:.4f}, lr {1e-3:.2e}, {1.0:.1f} ms/step, {1.0:,.0f} tok/s")
-        tracker.scalars(t.step, values)
-        metrics.write(kind="train", step=t.step, loss=value, lr=1e-3, ms_per_step=1.0)
+        logger.info(f"step {step}/{ts.max_iters}: loss {value:.4f}, lr {1e-3:.2e}, {1.0:.1f} ms/step, {1.0:,.0f} tok/s")
+        tracker.scalars(step, values)
+        metrics.write(kind="train", step=step, loss=value, lr=1e-3, ms_per_step=1.0)
 
     t_log = median_time(log_event, 50)
-    summary = RunSummary(out / "summary.json", params=t.model.num_params())
+    summary = RunSummary(out / "summary.json", params=run.model.num_params())
 
     def eval_logging():
         if ts.eval_sample_tokens:
-            tracker.text("samples", t._sample(ts.eval_sample_tokens), t.step)
-        tracker.scalars(t.step, {"hparams/best_val_loss": 1.0, "hparams/final_val_loss": 1.0})
-        summary.update(step=t.step, best_val_loss=1.0, final_val_loss=1.0)
+            tracker.text("samples", t.sample(ts.eval_sample_tokens), step)
+        tracker.scalars(step, {"hparams/best_val_loss": 1.0, "hparams/final_val_loss": 1.0})
+        summary.update(step=step, best_val_loss=1.0, final_val_loss=1.0)
 
     t_eval_log = median_time(eval_logging, 5)
     with open(os.devnull, "w") as sink:
@@ -92,10 +82,17 @@ def main() -> None:
 
     logging_cost = t_bar + t_log / ts.log_interval + t_eval_log / ts.eval_interval
     ckpt_cost = t_save / ts.eval_interval
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {t.model.num_params():,} params, "
-          f"batch {ts.batch_size} x block {t.mcfg.block_size}")
-    rows = [("training step", t_step, 1), ("progress-bar update", t_bar, 1), ("logging event", t_log, ts.log_interval),
-            ("eval-time logging", t_eval_log, ts.eval_interval), ("checkpoint save", t_save, ts.eval_interval)]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {run.model.num_params():,} params, "
+        f"batch {ts.batch_size} x block {run.model_config.block_size}"
+    )
+    rows = [
+        ("training step", t_step, 1),
+        ("progress-bar update", t_bar, 1),
+        ("logging event", t_log, ts.log_interval),
+        ("eval-time logging", t_eval_log, ts.eval_interval),
+        ("checkpoint save", t_save, ts.eval_interval),
+    ]
     for name, cost, every in rows:
         print(f"{name:<22}{cost * 1000:>10.3f} ms  every {every:>4} step(s) -> {cost / every * 1000:>7.3f} ms/step")
     print(f"logging + progress: {logging_cost * 1000:.3f} ms/step = {logging_cost / t_step * 100:.2f}% of a training step")

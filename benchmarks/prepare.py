@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpt.config import DataSettings, from_dict
 from gpt.data import load_data
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,14 +57,14 @@ def main() -> None:
         source = {"kind": "local", "path": str(work / "corpus"), "doc_unit": "paragraph"}
         tokenizer = {"kind": "tiktoken", "name": "gpt2", "ranks_file": args.ranks_file}
         # Read the files once so that the timed runs measure tokenizing, not the text builder's cache.
-        load_data({"name": "warm", "tokenizer": {"kind": "byte"}, "source": source, "max_docs": 10, "num_proc": 1},
-                  work / "root", log=lambda *a: None)
+        warm = {"name": "warm", "tokenizer": {"kind": "byte"}, "source": source, "max_docs": 10, "num_proc": 1}
+        load_data(from_dict(DataSettings, warm), work / "root", log=lambda *a: None)
         rates = {}
         print(f"{'processes':>9} {'tokens':>12} {'tokenize s':>10} {'tokens/s':>12} {'total s':>8}")
         for n in args.procs:
             cfg = {"name": f"p{n}", "tokenizer": tokenizer, "source": source, "val_fraction": 0.005, "num_proc": n}
             t0 = time.time()
-            meta = load_data(cfg, work / "root", log=lambda *a: None).meta
+            meta = load_data(from_dict(DataSettings, cfg), work / "root", log=lambda *a: None).meta
             total = time.time() - t0
             tokens = sum(meta["tokens"].values())
             rates[n] = tokens / meta["tokenize_seconds"]

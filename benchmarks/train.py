@@ -5,9 +5,9 @@
     python benchmarks/train.py --target 1.89                     # wall time until an eval reaches val <= 1.89
     python benchmarks/train.py --target 1.89 --repeats 3 optim.lr=3e-3
 
-Throughput: the trainer is built from the composed config (same overrides as train.py), warmed
-up for 10 steps, then --steps optimizer steps are timed (forward, backward, clip, update; the
-loop's logging and evals excluded), --repeats times; the table shows the median. Peak memory is
+Throughput: the run is built from the composed config (same overrides as train.py), warmed up
+for 10 steps, then --steps optimizer steps (`Trainer.step`: forward, backward, clip, update; the
+loop's logging and evals excluded) are timed, --repeats times; the table shows the median. Peak memory is
 the process's peak RSS on CPU, or torch's peak allocation on CUDA.
 
 Time to target: the whole `python train.py` path in-process (data, model, training, evals),
@@ -21,28 +21,22 @@ import resource
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from gpt.cli import check_keys, guard, preflight
+from gpt.apps.common import compose, guard
 from gpt.tracking import logger
-from gpt.trainer import Trainer, train_step
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from gpt.training import Trainer, build_run, train
 
 
 class TargetReached(Exception):
     pass
 
 
-def config(overrides: list[str]) -> dict:
+def settings(overrides: list[str]):
+    """train.py's settings for these overrides (its checks and one-line errors), in a scratch run dir."""
     out = tempfile.mkdtemp(prefix="tinygpt-bench-")
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("config", overrides=[f"paths.output_dir={out}", "train.sample_tokens=0", *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return compose("config", [f"paths.output_dir={out}", "train.sample_tokens=0", *overrides], "python benchmarks/train.py")
 
 
 def sync(device: torch.device) -> None:
@@ -51,49 +45,50 @@ def sync(device: torch.device) -> None:
 
 
 def throughput(overrides: list[str], steps: int) -> dict:
-    t = Trainer(config(overrides))
-    ts, dev = t.ts, t.rt.device
-
-    def step():
-        loss, norm = train_step(t.step_model, t.batches, t.optimizer, t.scaler, t.rt, ts.grad_accum_steps, ts.grad_clip)
-        t._apply_or_skip(loss, norm, t.step)
-        return loss
-
+    trainer = Trainer(build_run(settings(overrides)))
+    run, dev = trainer.run, trainer.run.rt.device
     for _ in range(10):
-        step()
+        trainer.step()
     sync(dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t0 = time.perf_counter()
     for _ in range(steps):
-        loss = step()
+        loss, _ = trainer.step()
     loss.item()
     sync(dev)
     dt = (time.perf_counter() - t0) / steps
-    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tok_s = t.tokens_per_step / dt
-    mfu = t.flops_per_token * tok_s / t.peak if t.peak else None
-    return {"ms_per_step": dt * 1000, "tokens_per_s": tok_s, "peak_mb": peak / 2**20, "mfu": mfu,
-            "model": t.model.num_params(), "tokens_per_step": t.tokens_per_step, "device": str(dev)}
+    peak = (
+        torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    tok_s = run.tokens_per_step / dt
+    mfu = run.model.flops_per_token() * tok_s / trainer.peak_flops if trainer.peak_flops else None
+    return {
+        "ms_per_step": dt * 1000,
+        "tokens_per_s": tok_s,
+        "peak_mb": peak / 2**20,
+        "mfu": mfu,
+        "model": run.model.num_params(),
+        "tokens_per_step": run.tokens_per_step,
+        "device": str(dev),
+    }
 
 
 def time_to_target(overrides: list[str], target: float) -> tuple[float | None, int | None, float]:
     t0 = time.time()
-    reached = {}
+    reached, best = {}, [float("inf")]
 
-    class Clocked(Trainer):
-        def _eval_and_save(self, step: int) -> None:
-            super()._eval_and_save(step)
-            if self.last_eval["val"] <= target:
-                reached.update(seconds=time.time() - t0, step=step, val=self.last_eval["val"])
-                raise TargetReached
+    def on_eval(step: int, losses: dict) -> None:
+        best[0] = min(best[0], losses["val"])
+        if losses["val"] <= target:
+            reached.update(seconds=time.time() - t0, step=step, val=losses["val"])
+            raise TargetReached
 
-    trainer = Clocked(config(overrides))
     try:
-        trainer.fit()
+        train(settings(overrides), on_eval=on_eval)
     except TargetReached:
         pass
-    return reached.get("seconds"), reached.get("step"), reached.get("val", trainer.best_val)
+    return reached.get("seconds"), reached.get("step"), reached.get("val", best[0])
 
 
 def main() -> None:
@@ -103,15 +98,15 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None, help="measure the time to this val loss instead")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    # Same checks and one-line errors as train.py for the overrides (e.g. model=gpt5, optim.lr=fast).
-    preflight(args.overrides, CONFIGS)
-    check_keys(args.overrides, CONFIGS, "config")
+    guard(lambda: settings(args.overrides))  # train.py's one-line errors for the overrides (model=gpt5, optim.lr=fast)
     guard(lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:
     logger.disabled = True  # the table is the output
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads; overrides: {' '.join(args.overrides) or '(quickstart)'}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads; overrides: {' '.join(args.overrides) or '(quickstart)'}"
+    )
     if args.target is not None:
         rows = [time_to_target(args.overrides, args.target) for _ in range(args.repeats)]
         print(f"{'run':>4} {'seconds to val<=' + str(args.target):>22} {'at step':>8} {'val':>8}")
@@ -123,7 +118,9 @@ def run(args: argparse.Namespace) -> None:
         return
     rows = [throughput(args.overrides, args.steps) for _ in range(args.repeats)]
     r0 = rows[0]
-    print(f"model {r0['model']:,} parameters on {r0['device']}, {r0['tokens_per_step']:,} tokens/step, {args.steps} timed steps x {args.repeats}")
+    print(
+        f"model {r0['model']:,} parameters on {r0['device']}, {r0['tokens_per_step']:,} tokens/step, {args.steps} timed steps x {args.repeats}"
+    )
     print(f"{'run':>4} {'ms/step':>9} {'tokens/s':>10} {'peak MB':>8} {'MFU':>6}")
     for i, r in enumerate(rows, 1):
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "-"

@@ -3,11 +3,14 @@ trainer, checkpoints and sampling work the same for a GPT and the recurrent base
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch.nn as nn
 
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
-from gpt.rnn import ARCHS as RECURRENT, RecurrentLM, RNNConfig
+from gpt.rnn import ARCHS as RECURRENT
+from gpt.rnn import RecurrentLM, RNNConfig
 
 ARCHS = ("gpt", *RECURRENT)
 
@@ -20,6 +23,15 @@ def config_from_dict(d: dict):
     if arch in RECURRENT:
         return RNNConfig.from_dict(d)
     raise TinyGPTError(f"model.arch={arch!r} is unknown; use one of {', '.join(ARCHS)}")
+
+
+def config_from_settings(settings, vocab_size: int | None = None):
+    """The model's own config from its settings section (gpt.config.GPTSettings or
+    RNNSettings): the one conversion between the two. `vocab_size` fills a null one."""
+    d = {f.name: getattr(settings, f.name) for f in fields(settings)}
+    if d.get("vocab_size") is None:
+        d["vocab_size"] = vocab_size
+    return config_from_dict(d)
 
 
 def config_to_dict(config) -> dict:
@@ -40,23 +52,3 @@ def summary(config) -> str:
     if c.kv_heads != c.n_head:
         extras.append(f"{c.kv_heads} kv heads")
     return f"{c.n_layer}L {c.n_head}H {c.n_embd}D block {c.block_size}" + (f" ({', '.join(extras)})" if extras else "")
-
-
-def model_from_checkpoint(ckpt: dict, dropout: float | None = None) -> nn.Module:
-    """The plain model in a checkpoint; a LoRA finetune's adapters are folded in."""
-    from gpt.lora import apply_lora, has_lora, merge_lora
-
-    config = dict(ckpt["model_config"])
-    if dropout is not None:
-        config["dropout"] = dropout
-    model = build(config_from_dict(config))
-    if has_lora(ckpt["model"]):
-        lora = ckpt.get("lora") or {}
-        apply_lora(model, lora.get("rank", 1), lora.get("alpha", 1.0))
-        model.load_state_dict(ckpt["model"])
-        merge_lora(model)
-        for p in model.parameters():
-            p.requires_grad_(True)
-    else:
-        model.load_state_dict(ckpt["model"])
-    return model

@@ -1,32 +1,131 @@
-"""Checkpoints: atomic save, safe load, retention, and finding runs to resume or sample from.
+"""Checkpoints: what one holds (the format, versioned), atomic save, safe load, retention, and
+finding the run or checkpoint a command means.
 
 A run directory holds `checkpoints/ckpt-<step>.pt` (full training state, the newest few kept)
-and `checkpoints/best.pt` (weights of the best validation loss, for sampling). A checkpoint is
-a dict of tensors and plain Python values that carries everything needed to rebuild the model
-and its tokenizer; it is loaded with `weights_only=True`: data, never code.
+and `checkpoints/best.pt` (weights of the best validation loss, for sampling and export). Both
+are a `Checkpoint`; everything else in tinygpt reads checkpoints through this class, never by
+raw keys. Files are loaded with `weights_only=True`: a checkpoint is data, never code.
+
+Format history (`format` in the file):
+  1  tinygpt 0.1 (no `format` key): training state (optimizer, scaler, loader, rng, bad_steps,
+     bad_in_a_row, lora) at the top level.
+  2  `format` and `tinygpt_version` keys; the training state under `training`.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import pickle
 import re
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 
 import torch
 
 from gpt import __version__
 from gpt.errors import TinyGPTError
+from gpt.io import atomic_write, temporary_owner
 
+FORMAT = 2
 CKPT_DIR = "checkpoints"
-RUNS_DIR = "outputs"  # paths.runs_dir's default, for the tools that run without Hydra
+RUNS_DIR = "outputs"  # paths.runs_dir's default
 BEST = "best.pt"
 _STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 _COMPILED_PREFIX = "_orig_mod."
 
 
-def step_file(step: int) -> str:
-    return f"ckpt-{step:07d}.pt"
+@dataclass
+class TrainingState:
+    """What resuming needs beyond the weights; step checkpoints only."""
+
+    optimizer: dict
+    scaler: dict
+    loader: dict
+    rng: list[dict]  # every rank's random state, indexed by rank
+    bad_steps: int = 0  # non-finite steps skipped so far
+    bad_in_a_row: int = 0
+
+
+@dataclass
+class Checkpoint:
+    model: dict[str, torch.Tensor]  # state dict of the unwrapped model
+    model_config: dict  # architectures.config_to_dict form
+    tokenizer: dict  # the tokenizer's dict form
+    step: int = 0
+    best_val_loss: float = math.inf
+    config: dict = field(default_factory=dict)  # the run's settings, as plain data
+    lora: dict | None = None  # {"rank", "alpha"} when `model` holds unmerged LoRA adapters
+    training: TrainingState | None = None  # None: weights only (best.pt, imports)
+    tinygpt_version: str = __version__  # of the writer; newer formats name it in the refusal
+
+    def to_payload(self) -> dict:
+        # Not dataclasses.asdict: it would deep-copy every tensor of the optimizer state.
+        payload = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.training is not None:
+            payload["training"] = {f.name: getattr(self.training, f.name) for f in fields(self.training)}
+        return {"format": FORMAT, **payload}
+
+    @classmethod
+    def from_payload(cls, payload: dict, where: Path | str = "checkpoint") -> Checkpoint:
+        fmt = payload.get("format", 1)
+        if not isinstance(fmt, int) or fmt > FORMAT:
+            raise TinyGPTError(
+                f"{where} was written by tinygpt {payload.get('tinygpt_version', '?')} in checkpoint format {fmt}; this "
+                f"tinygpt ({__version__}) reads formats up to {FORMAT}: upgrade tinygpt (pip install -U tinygpt)"
+            )
+        if fmt == 1:
+            payload = _upgrade_from_1(payload)
+        missing = [k for k in ("model", "model_config", "tokenizer") if k not in payload]
+        if missing:
+            raise TinyGPTError(f"{where} is not a tinygpt checkpoint (no {', '.join(missing)} inside)")
+        known = {f.name for f in fields(cls)}
+        ckpt = cls(**{k: v for k, v in payload.items() if k in known})
+        if isinstance(ckpt.training, dict):
+            ckpt.training = TrainingState(**ckpt.training)
+        # Checkpoints written from a compiled model by older code carry the wrapper's prefix.
+        ckpt.model = {k.removeprefix(_COMPILED_PREFIX): v for k, v in ckpt.model.items()}
+        return ckpt
+
+
+def _upgrade_from_1(old: dict) -> dict:
+    new = {k: v for k, v in old.items() if k not in ("optimizer", "scaler", "loader", "rng", "bad_steps", "bad_in_a_row")}
+    new.setdefault("tinygpt_version", "0.1.0")
+    if "optimizer" in old:
+        rng = old.get("rng")
+        new["training"] = {
+            "optimizer": old["optimizer"],
+            "scaler": old.get("scaler") or {},
+            "loader": old["loader"],
+            "rng": rng if isinstance(rng, list) else [rng],
+            "bad_steps": old.get("bad_steps", 0),
+            "bad_in_a_row": old.get("bad_in_a_row", 0),
+        }
+    return new
+
+
+def save(path: str | Path, ckpt: Checkpoint) -> None:
+    """Atomic: a crash mid-write never clobbers the previous file at `path`."""
+    with atomic_write(path) as f:
+        torch.save(ckpt.to_payload(), f)
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
+    """mmap=True maps the tensors instead of reading them: cheap when only the metadata is needed."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError) as e:
+        # Not a file torch wrote (a text file, a truncated copy): the unpickler fails in many ways.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, (KeyError, IndexError, TypeError, EOFError)):
+            first = "it is not a file written by torch.save, or it was cut short"
+        raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
+    if not isinstance(payload, dict):
+        raise TinyGPTError(f"{path} is not a tinygpt checkpoint (it holds a {type(payload).__name__})")
+    return Checkpoint.from_payload(payload, path)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -38,37 +137,17 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         model = inner
 
 
-def save(path: Path, payload: dict) -> None:
-    """Write to a temporary file, fsync, then rename: a crash mid-write never clobbers the
-    previous checkpoint at `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save({**payload, "tinygpt_version": __version__}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+# --- a run directory's checkpoints ------------------------------------------------------------
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
-    """mmap=True maps the tensors instead of reading them: cheap when only the metadata is needed."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise TinyGPTError(f"{path} is not a tinygpt checkpoint (no model or model_config inside)")
-    # Checkpoints written from a compiled model by older code carry the wrapper's prefix.
-    ckpt["model"] = {k.removeprefix(_COMPILED_PREFIX): v for k, v in ckpt["model"].items()}
-    return ckpt
+def new_run_dir(runs_dir: str | Path) -> Path:
+    """A fresh run directory, named as Hydra names them (configs/hydra/default.yaml): to the
+    microsecond, so parallel launches never share one."""
+    return (Path(runs_dir).expanduser() / "runs" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")).absolute()
+
+
+def step_file(step: int) -> str:
+    return f"ckpt-{step:07d}.pt"
 
 
 def step_checkpoints(run_dir: Path) -> list[Path]:
@@ -92,7 +171,8 @@ def prune(run_dir: Path, keep_last: int) -> None:
 def remove_leftovers(run_dir: Path) -> None:
     """Delete temporaries of writes that a crash or kill -9 cut short (never complete files)."""
     for tmp in (Path(run_dir) / CKPT_DIR).glob("*.pt.tmp-*"):
-        tmp.unlink(missing_ok=True)
+        if temporary_owner(tmp) is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def has_run(run_dir: Path) -> bool:
@@ -104,7 +184,9 @@ def checkpoint_in_run(run_dir: Path) -> Path:
     best = Path(run_dir) / CKPT_DIR / BEST
     found = best if best.is_file() else latest(run_dir)
     if found is None:
-        raise TinyGPTError(f"{run_dir} holds no checkpoint ({CKPT_DIR}/{BEST} or ckpt-*.pt); pass a run directory that has trained")
+        raise TinyGPTError(
+            f"{run_dir} holds no checkpoint ({CKPT_DIR}/{BEST} or ckpt-*.pt); pass a run directory that has trained"
+        )
     return found
 
 
@@ -121,7 +203,7 @@ def latest_run(runs_root: str | Path) -> Path:
 
 
 def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Path:
-    """Which checkpoint to sample from: an explicit file, else a run directory, else the latest run."""
+    """Which checkpoint a command means: an explicit file, else a run directory, else the latest run."""
     if ckpt:
         p = Path(ckpt).expanduser()
         if p.is_dir():
@@ -137,25 +219,40 @@ def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Pat
     return checkpoint_in_run(latest_run(runs_root))
 
 
+# --- where a training run starts from ----------------------------------------------------------
+
+AUTO, NEVER = "auto", "never"
+
+
+def parse_resume(value) -> str | Path:
+    """The `resume` setting, read in this one place: AUTO, NEVER, or the path it names."""
+    text = str(value).strip()
+    if text.lower() in ("auto", "true"):
+        return AUTO
+    if text.lower() in ("false", "never", "none", "null", ""):
+        return NEVER
+    return Path(text).expanduser()
+
+
 def resume_source(resume, out_dir: Path) -> Path | None:
     """The checkpoint a training run starts from, per `resume`:
     auto  - this run directory's newest checkpoint if it has one (rerunning a run continues it),
     false - none; refuse to train into a directory that already holds a run,
     path  - that checkpoint file, or the newest checkpoint of that run directory (the run
             continues in the new directory; the old one is only read)."""
-    if resume in (None, "auto", True):
+    mode = parse_resume(resume)
+    if mode == AUTO:
         return latest(out_dir)
-    if resume is False or resume in ("false", "never"):
+    if mode == NEVER:
         if has_run(out_dir):
             raise TinyGPTError(f"{out_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
         return None
-    p = Path(str(resume)).expanduser()
-    if p.is_file():
-        source = p
-    elif p.is_dir():
-        source = latest(p)
+    if mode.is_file():
+        source = mode
+    elif mode.is_dir():
+        source = latest(mode)
         if source is None:
-            raise TinyGPTError(f"resume={p}: the directory holds no ckpt-*.pt checkpoint to resume from")
+            raise TinyGPTError(f"resume={mode}: the directory holds no ckpt-*.pt checkpoint to resume from")
     else:
         raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")
     own = latest(out_dir)
@@ -163,7 +260,7 @@ def resume_source(resume, out_dir: Path) -> Path | None:
         return source
     # This directory's run began from `resume` and has saved since (preempted, rerun with the
     # same overrides): continue it, not the starting point again.
-    if source.resolve().parent != own.resolve().parent and _same_path(_started_from(own), resume):
+    if source.resolve().parent != own.resolve().parent and _same_path(load(own, mmap=True).config.get("resume"), resume):
         return own
     # Any other trajectory here would overwrite its ckpt-<step> files (same step names) or have
     # them pruned (retention keeps the highest steps): refuse rather than lose them.
@@ -171,11 +268,6 @@ def resume_source(resume, out_dir: Path) -> Path | None:
         f"{out_dir} already holds a run (newest checkpoint {own.name}); continuing from {source} there would "
         f"overwrite or prune its checkpoints: train into a new directory, or use resume=auto to continue that run"
     )
-
-
-def _started_from(ckpt: Path):
-    """The `resume` setting the checkpoint's run was launched with (weights mapped, not read)."""
-    return (load(ckpt, mmap=True).get("config") or {}).get("resume")
 
 
 def _same_path(a, b) -> bool:

@@ -53,7 +53,9 @@ def init(d: Dist, device: torch.device) -> None:
     os.environ.setdefault("LOCAL_RANK", str(d.local_rank))
     if device.type == "cuda":
         if device.index != d.local_rank:
-            raise TinyGPTError(f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda")
+            raise TinyGPTError(
+                f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda"
+            )
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     elif device.type == "cpu":

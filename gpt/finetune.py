@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import torch
 
-from gpt import architectures
+from gpt import architectures, loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
-from gpt.pretrained import load_initial
 from gpt.tokenizer import tokenizer_identity
 
 
 def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print):
     """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data."""
-    model, tokenizer_spec = load_initial(str(source), dropout=dropout)
-    ours, theirs = tokenizer_identity(tokenizer_spec), tokenizer_identity(data_tokenizer.to_dict())
+    loaded = loading.load(str(source), dropout=dropout)
+    model = loaded.model.train()
+    ours, theirs = tokenizer_identity(loaded.tokenizer_spec), tokenizer_identity(data_tokenizer.to_dict())
     if ours != theirs:
         raise TinyGPTError(
             f"init_from={source} was trained with tokenizer {ours}, but the data uses {theirs}; "

@@ -1,7 +1,9 @@
 """Autoregressive generation with a KV cache and the usual sampling controls.
 
 No I/O and no Hydra: token-level decoding (`Decoder`) and text-level helpers (`generate`,
-`stream`) that the trainer, sample.py and notebooks share.
+`stream`) that the trainer, sample.py and notebooks share. The controls are the fields of
+`gpt.config.SamplingSettings`; sample.py's settings extend that class, so a new control is a
+field there and its use here.
 
 Longer than the context: a transformer sees at most block_size tokens, so once prompt +
 generated text outgrow it, each new token is predicted from the last block_size tokens,
@@ -15,48 +17,18 @@ the window. Recurrent models carry a fixed-size state and have no such limit.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
+from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, KVCache
 from gpt.rnn import RNNState
 
 logger = logging.getLogger("tinygpt")
-
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = 500
-    temperature: float = 0.8  # 0 = greedy
-    top_k: int | None = None  # keep the k most likely tokens
-    top_p: float | None = None  # keep the smallest set whose probability reaches p (nucleus)
-    min_p: float | None = None  # keep tokens with probability >= min_p * the top probability
-    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the sequence
-    stop: tuple[str, ...] = ()  # end a sample at the first of these strings (not included)
-    stop_at_eot: bool = True  # end a sample at the tokenizer's end-of-text token
-    seed: int = 1337
-    use_cache: bool = True
-
-    def __post_init__(self) -> None:
-        self.stop = tuple(self.stop or ())
-        if self.max_new_tokens < 1:
-            raise TinyGPTError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise TinyGPTError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise TinyGPTError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.min_p is not None and not 0 <= self.min_p <= 1:
-            raise TinyGPTError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise TinyGPTError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        if any(s == "" for s in self.stop):
-            raise TinyGPTError("stop strings must not be empty")
 
 
 # --- turning logits into a choice --------------------------------------------------------------
@@ -103,7 +75,7 @@ class Decoder:
     Each row samples from its own seeded generator (`seeds[b]`), for the same reason.
     """
 
-    def __init__(self, model: GPT, prompts: list[list[int]], cfg: SamplingConfig, seeds: list[int]):
+    def __init__(self, model: GPT, prompts: list[list[int]], cfg: SamplingSettings, seeds: list[int]):
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self.model, self.cfg = model, cfg
@@ -127,7 +99,7 @@ class Decoder:
             return self._next_logits_recurrent()
         width = self.tokens.size(1)
         cache = self.cache
-        if self.cfg.use_cache and cache is not None and width - self.offset <= cache.max_len:
+        if self.cfg.kv_cache and cache is not None and width - self.offset <= cache.max_len:
             # Only the columns the cache has not seen yet (after the first step: one).
             logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache, last_only=True)
         else:
@@ -137,7 +109,7 @@ class Decoder:
             window = self.tokens[:, self.offset :]
             pad = (self.pad - self.offset).clamp(min=0)
             # The longest row fills the context at block_size + its padding columns.
-            room = self.block_size + int(pad.min()) if self.cfg.use_cache else window.size(1)
+            room = self.block_size + int(pad.min()) if self.cfg.kv_cache else window.size(1)
             self.cache = KVCache(self.model.config.n_layer, room, pad)
             logits, _ = self.model(window, cache=self.cache, last_only=True)
         return logits[:, -1, :].float()
@@ -145,8 +117,8 @@ class Decoder:
     def _next_logits_recurrent(self) -> torch.Tensor:
         """Recurrent models carry a fixed-size state instead of a cache and have no context
         limit. Each prompt is read on its own (padding would flow into the state), then the
-        rows step together. Without `use_cache` every step re-reads each row from the start."""
-        if self.cfg.use_cache and self.cache is not None:
+        rows step together. Without `kv_cache` every step re-reads each row from the start."""
+        if self.cfg.kv_cache and self.cache is not None:
             logits, _ = self.model(self.tokens[:, -1:], cache=self.cache, last_only=True)
             return logits[:, -1, :].float()
         states, last = [], []
@@ -171,9 +143,7 @@ class Decoder:
         else:
             logits = filter_logits(logits / self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.min_p)
             probs = F.softmax(logits, dim=-1)
-            next_ids = torch.cat(
-                [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)]
-            )
+            next_ids = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)])
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
         self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
         return next_ids
@@ -200,7 +170,9 @@ def encode_prompt(tokenizer, prompt: str, block_size: int | None) -> list[int]:
         try:
             return tokenizer.encode("\n")
         except TinyGPTError:
-            raise TinyGPTError("the prompt is empty and this tokenizer has no end-of-text token or newline; give a prompt") from None
+            raise TinyGPTError(
+                "the prompt is empty and this tokenizer has no end-of-text token or newline; give a prompt"
+            ) from None
     ids = tokenizer.encode(prompt)
     if block_size is not None and len(ids) > block_size:
         logger.warning(f"notice: the prompt has {len(ids)} tokens; the model sees only the last {block_size} (its context)")
@@ -208,7 +180,7 @@ def encode_prompt(tokenizer, prompt: str, block_size: int | None) -> list[int]:
     return ids
 
 
-def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingConfig, num_samples: int) -> Iterator[tuple[int, str]]:
+def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, num_samples: int) -> Iterator[tuple[int, str]]:
     """Yield (row, new text) pieces as rows progress. Row r is sample r % num_samples of prompt
     r // num_samples and draws from seed cfg.seed + r % num_samples, so results do not depend
     on how prompts are batched."""
@@ -230,7 +202,7 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingConfig, nu
                 if row.done:
                     continue
                 if tok == eot:  # the end: show whatever was held back for a stop string or a partial character
-                    piece = tokenizer.decode(row.ids)[len(row.emitted):]
+                    piece = tokenizer.decode(row.ids)[len(row.emitted) :]
                     row.emitted += piece
                     row.done = True
                     if piece:
@@ -244,7 +216,7 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingConfig, nu
                 break
         for r, row in enumerate(rows):  # flush what was held back, now that nothing follows
             if not row.done:
-                piece = tokenizer.decode(row.ids)[len(row.emitted):]
+                piece = tokenizer.decode(row.ids)[len(row.emitted) :]
                 row.emitted += piece
                 if piece:
                     yield r, piece
@@ -265,7 +237,7 @@ def _advance(row: _Row, full: str, stops: tuple[str, ...]) -> str:
     Text that could be the start of a stop string is held back until it is decided, so shown
     text never has to be taken back; a completed stop string ends the row (and is not shown).
     Because of that, a stop string can only begin in the text not yet shown."""
-    pending = full[len(row.emitted):]
+    pending = full[len(row.emitted) :]
     hits = [i for s in stops if (i := pending.find(s)) >= 0]
     if hits:
         piece, row.done = pending[: min(hits)], True
@@ -277,7 +249,7 @@ def _advance(row: _Row, full: str, stops: tuple[str, ...]) -> str:
 
 
 @torch.no_grad()
-def generate(model: GPT, tokenizer, prompts: list[str], cfg: SamplingConfig, num_samples: int = 1) -> list[list[str]]:
+def generate(model: GPT, tokenizer, prompts: list[str], cfg: SamplingSettings, num_samples: int = 1) -> list[list[str]]:
     """Continuations of each prompt: result[i][j] is sample j of prompts[i]."""
     texts = [""] * (len(prompts) * num_samples)
     for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples):
@@ -286,9 +258,9 @@ def generate(model: GPT, tokenizer, prompts: list[str], cfg: SamplingConfig, num
 
 
 @torch.no_grad()
-def stream(model: GPT, tokenizer, prompt: str, cfg: SamplingConfig, sample_index: int = 0) -> Iterator[str]:
+def stream(model: GPT, tokenizer, prompt: str, cfg: SamplingSettings, sample_index: int = 0) -> Iterator[str]:
     """Yield the continuation of one prompt piece by piece, as it is generated. Gives the same
     text as sample `sample_index` of `generate` with the same config."""
-    cfg = SamplingConfig(**{**cfg.__dict__, "seed": cfg.seed + sample_index})
+    cfg = replace(cfg, seed=cfg.seed + sample_index)
     for _, piece in _generate_rows(model, tokenizer, [prompt], cfg, 1):
         yield piece

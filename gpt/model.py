@@ -59,9 +59,7 @@ class GPTConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise TinyGPTError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.attention not in ATTENTION_IMPLS:
-            raise TinyGPTError(
-                f"model.attention={self.attention!r} is unknown; use one of {', '.join(ATTENTION_IMPLS)}"
-            )
+            raise TinyGPTError(f"model.attention={self.attention!r} is unknown; use one of {', '.join(ATTENTION_IMPLS)}")
         if self.pos_encoding not in POS_ENCODINGS:
             raise TinyGPTError(f"model.pos_encoding={self.pos_encoding!r} is unknown; use one of {', '.join(POS_ENCODINGS)}")
         if self.n_kv_head is not None and (
@@ -81,7 +79,7 @@ class GPTConfig:
         return self.n_kv_head or self.n_head
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
+    def from_dict(cls, d: dict) -> GPTConfig:
         """Build from a mapping such as a model preset; its `name` is a label and its `arch`
         (always "gpt" here) picks this class, neither is a field."""
         if d.get("arch", "gpt") != "gpt":
@@ -89,7 +87,9 @@ class GPTConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known - {"name", "arch"})
         if unknown:
-            raise TinyGPTError(f"unknown model setting(s) {', '.join('model.' + k for k in unknown)}; known: {', '.join(sorted(known))}")
+            raise TinyGPTError(
+                f"unknown model setting(s) {', '.join('model.' + k for k in unknown)}; known: {', '.join(sorted(known))}"
+            )
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_dict(self) -> dict:
@@ -207,7 +207,9 @@ class CausalSelfAttention(nn.Module):
 
         if self.impl == "sdpa" and not self.capture:
             y = F.scaled_dot_product_attention(
-                q, k, v,
+                q,
+                k,
+                v,
                 attn_mask=mask,
                 is_causal=mask is None,
                 dropout_p=self.dropout if self.training else 0.0,

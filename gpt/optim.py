@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gpt.config import OptimSettings
+from gpt.config import AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
 
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon: they push every singular value
@@ -36,21 +36,30 @@ def hidden_matrices(model: nn.Module) -> set[nn.Parameter]:
     return {p for p in model.parameters() if p.dim() == 2 and p not in edge and p not in lora}
 
 
-def param_groups(model: nn.Module, settings: OptimSettings) -> list[dict]:
+def param_groups(model: nn.Module, settings: AdamWSettings) -> list[dict]:
     """AdamW decays only matrices (weights, embeddings); biases and LayerNorm gains stay free,
     since shrinking them towards zero only hurts. With optim=muon the hidden matrices form a
     group of their own, updated by Muon at `muon_lr`."""
     muon = hidden_matrices(model) if settings.name == "muon" else set()
     trainable = [p for p in model.parameters() if p.requires_grad]  # .parameters() yields a tied weight once
     groups = [
-        {"kind": "adamw", "base_lr": settings.lr, "weight_decay": settings.weight_decay,
-         "params": [p for p in trainable if p.dim() >= 2 and p not in muon]},
-        {"kind": "adamw", "base_lr": settings.lr, "weight_decay": 0.0,
-         "params": [p for p in trainable if p.dim() < 2]},
+        {
+            "kind": "adamw",
+            "base_lr": settings.lr,
+            "weight_decay": settings.weight_decay,
+            "params": [p for p in trainable if p.dim() >= 2 and p not in muon],
+        },
+        {"kind": "adamw", "base_lr": settings.lr, "weight_decay": 0.0, "params": [p for p in trainable if p.dim() < 2]},
     ]
     if muon:
-        groups.append({"kind": "muon", "base_lr": settings.muon_lr, "weight_decay": settings.weight_decay,
-                       "params": [p for p in trainable if p in muon]})
+        groups.append(
+            {
+                "kind": "muon",
+                "base_lr": settings.muon_lr,
+                "weight_decay": settings.weight_decay,
+                "params": [p for p in trainable if p in muon],
+            }
+        )
     return groups
 
 
@@ -60,7 +69,7 @@ class Optimizer:
     load_state_dict. Hyperparameters come from the current settings, also on resume: a
     checkpoint supplies the moments and step counts only."""
 
-    def __init__(self, groups: list[dict], settings: OptimSettings, ns_dtype: torch.dtype):
+    def __init__(self, groups: list[dict], settings: AdamWSettings, ns_dtype: torch.dtype):
         self.settings = settings
         self.ns_dtype = ns_dtype
         self.param_groups = [{**g, "lr": g["base_lr"]} for g in groups if g["params"]]
@@ -101,17 +110,29 @@ class Optimizer:
         for p in params:
             if p not in self.state:
                 # torch's layout: a float32 step count, on the parameter's device for the fused kernel
-                self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
-                                 "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                self.state[p] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
         states = [self.state[p] for p in params]
         steps = [st["step"] for st in states]
         torch._foreach_add_(steps, 1)
         # One kernel for the whole group: decay, both moments, bias correction, update.
         torch._fused_adamw_(
-            params, [p.grad for p in params],
-            [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states], [], steps,
-            lr=group["lr"], beta1=s.beta1, beta2=s.beta2, weight_decay=group["weight_decay"],
-            eps=s.eps, amsgrad=False, maximize=False,
+            params,
+            [p.grad for p in params],
+            [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states],
+            [],
+            steps,
+            lr=group["lr"],
+            beta1=s.beta1,
+            beta2=s.beta2,
+            weight_decay=group["weight_decay"],
+            eps=s.eps,
+            amsgrad=False,
+            maximize=False,
         )
 
     def _muon(self, group: dict, params: list[torch.Tensor]) -> None:
@@ -165,12 +186,10 @@ class Optimizer:
         for i, st in sd["state"].items():
             p = params[int(i)]
             # copied: the source may be another optimizer's live state
-            self.state[p] = {
-                k: v.to(p.device, dtype=torch.float32 if k == "step" else p.dtype, copy=True) for k, v in st.items()
-            }
+            self.state[p] = {k: v.to(p.device, dtype=torch.float32 if k == "step" else p.dtype, copy=True) for k, v in st.items()}
 
 
-def ns_dtype_for(settings: OptimSettings, device: torch.device) -> torch.dtype:
+def ns_dtype_for(settings: MuonSettings, device: torch.device) -> torch.dtype:
     """bf16 where the hardware has it natively (CUDA from Ampere, SM 80, on); fp32 elsewhere:
     older GPUs and CPUs without native bf16 (AVX2) emulate it, ~10x slower than fp32 here."""
     if settings.ns_dtype != "auto":
@@ -179,8 +198,10 @@ def ns_dtype_for(settings: OptimSettings, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if native else torch.float32
 
 
-def build_optimizer(model: nn.Module, settings: OptimSettings, device: torch.device) -> Optimizer:
-    return Optimizer(param_groups(model, settings), settings, ns_dtype_for(settings, device))
+def build_optimizer(model: nn.Module, settings: AdamWSettings, device: torch.device) -> Optimizer:
+    """`settings` is AdamWSettings (optim=adamw) or MuonSettings (optim=muon)."""
+    ns_dtype = ns_dtype_for(settings, device) if isinstance(settings, MuonSettings) else torch.float32
+    return Optimizer(param_groups(model, settings), settings, ns_dtype)
 
 
 @torch.no_grad()
@@ -210,11 +231,13 @@ class CosineSchedule:
     decay_iters: int
 
     @classmethod
-    def from_settings(cls, s: OptimSettings) -> "CosineSchedule":
+    def from_settings(cls, s: AdamWSettings, max_iters: int) -> CosineSchedule:
+        """Decay over `optim.decay_iters`, or over the whole run (`max_iters`) when that is null."""
+        decay = s.decay_iters or max_iters
         # A warmup as long as the whole schedule (a 20-step smoke run of a recipe that warms up
         # for 100) would never reach the peak: warm up for a tenth of the schedule instead.
-        warmup = s.warmup_iters if s.warmup_iters < s.decay_iters else s.decay_iters // 10
-        return cls(lr=s.lr, min_lr=s.min_lr, warmup_iters=warmup, decay_iters=s.decay_iters)
+        warmup = s.warmup_iters if s.warmup_iters < decay else decay // 10
+        return cls(lr=s.lr, min_lr=s.min_lr, warmup_iters=warmup, decay_iters=decay)
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_iters:

@@ -32,7 +32,7 @@ class StopRequest:
         self.request(name)
         self._log(f"{name} received: finishing this step, then saving a checkpoint (Ctrl-C again to quit at once)")
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         # Signal handlers can only be installed from the main thread (not e.g. in a notebook worker).
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -39,7 +39,9 @@ def _resolve_dir(source: str) -> Path:
         try:
             folder = Path(snapshot_download(source, allow_patterns=patterns, local_files_only=local_only))
             if not (folder / "model.safetensors").is_file():
-                folder = Path(snapshot_download(source, allow_patterns=["config.json", "pytorch_model.bin"], local_files_only=local_only))
+                folder = Path(
+                    snapshot_download(source, allow_patterns=["config.json", "pytorch_model.bin"], local_files_only=local_only)
+                )
             return folder
         except Exception as e:  # huggingface_hub raises many kinds; the last one is reported
             error = e
@@ -70,15 +72,25 @@ def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     hf = json.loads((folder / "config.json").read_text())
     if hf.get("model_type") != "gpt2":
         raise TinyGPTError(f"{folder} holds a {hf.get('model_type')!r} model; only GPT-2 checkpoints can be loaded")
-    activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(hf.get("activation_function", "gelu_new"))
+    activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(
+        hf.get("activation_function", "gelu_new")
+    )
     if activation is None:
         raise TinyGPTError(f"activation {hf['activation_function']!r} of {folder} is not supported (gelu, gelu_new)")
     if hf.get("n_inner") not in (None, 4 * hf["n_embd"]) or abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
-        raise TinyGPTError(f"{folder}: n_inner={hf.get('n_inner')} / layer_norm_epsilon={hf.get('layer_norm_epsilon')} differ "
-                           f"from GPT-2's (4 x n_embd, 1e-5), which tinygpt's GPT implements")
+        raise TinyGPTError(
+            f"{folder}: n_inner={hf.get('n_inner')} / layer_norm_epsilon={hf.get('layer_norm_epsilon')} differ "
+            f"from GPT-2's (4 x n_embd, 1e-5), which tinygpt's GPT implements"
+        )
     config = GPTConfig(
-        vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", hf.get("n_ctx", 1024)), n_layer=hf["n_layer"],
-        n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=dropout, bias=True, activation=activation,
+        vocab_size=hf["vocab_size"],
+        block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=hf["n_embd"],
+        dropout=dropout,
+        bias=True,
+        activation=activation,
     )
     hf_state = _read_state_dict(folder)
     state = {}
@@ -128,11 +140,26 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     eot = getattr(tokenizer, "eot_id", None)
     config = {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size, "n_positions": c.block_size,
-        "n_ctx": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
-        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0, "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "tie_word_embeddings": True,
-        "bos_token_id": eot, "eos_token_id": eot, "scale_attn_weights": True, "use_cache": True,
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "scale_attn_weights": True,
+        "use_cache": True,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "tinygpt_tokenizer.json").write_text(json.dumps(tokenizer.to_dict()))
@@ -179,20 +206,3 @@ def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
             merges.append(f"{show(parts[0])} {show(parts[1])}")
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-
-
-def load_initial(source: str, dropout: float):
-    """Model and the dict form of its tokenizer, to start from: a Hugging Face GPT-2 (Hub name
-    or folder), or a tinygpt checkpoint (a .pt file, or a run directory, whose best.pt is used)."""
-    from gpt import architectures, checkpoint
-
-    if is_hf_source(source):
-        model, tokenizer = load_hf_gpt2(source, dropout)
-        if tokenizer is None:
-            raise TinyGPTError(f"{source} has a vocabulary of {model.config.vocab_size}, not GPT-2's, and no tinygpt_tokenizer.json")
-        return model, tokenizer
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise TinyGPTError(f"init_from={source} is not a GPT-2 name ({', '.join(HUB_MODELS)}), a folder or a checkpoint file")
-    ckpt = checkpoint.load(checkpoint.checkpoint_in_run(path) if path.is_dir() else path)
-    return architectures.model_from_checkpoint(ckpt, dropout), ckpt["tokenizer"]

@@ -47,11 +47,13 @@ class RNNConfig:
             raise TinyGPTError(f"model.impl={self.impl!r} is unknown; use fused or explicit")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RNNConfig":
+    def from_dict(cls, d: dict) -> RNNConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known - {"name"})
         if unknown:
-            raise TinyGPTError(f"unknown model setting(s) {', '.join('model.' + k for k in unknown)} for a recurrent model; known: {', '.join(sorted(known))}")
+            raise TinyGPTError(
+                f"unknown model setting(s) {', '.join('model.' + k for k in unknown)} for a recurrent model; known: {', '.join(sorted(known))}"
+            )
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_dict(self) -> dict:
@@ -71,12 +73,12 @@ def elman_step(x, h, w_ih, w_hh, b_ih, b_hh):
 
 def lstm_step(x, state, w_ih, w_hh, b_ih, b_hh):
     """Gates from the input and the previous hidden state (PyTorch order: input, forget, cell, output):
-        i = sigmoid(W_i x + U_i h + b_i)     how much new content to write
-        f = sigmoid(W_f x + U_f h + b_f)     how much of the old cell to keep
-        g = tanh(W_g x + U_g h + b_g)        the candidate content
-        o = sigmoid(W_o x + U_o h + b_o)     how much of the cell to expose
-        c_t = f * c_{t-1} + i * g            the cell state: an additive path for gradients
-        h_t = o * tanh(c_t)"""
+    i = sigmoid(W_i x + U_i h + b_i)     how much new content to write
+    f = sigmoid(W_f x + U_f h + b_f)     how much of the old cell to keep
+    g = tanh(W_g x + U_g h + b_g)        the candidate content
+    o = sigmoid(W_o x + U_o h + b_o)     how much of the cell to expose
+    c_t = f * c_{t-1} + i * g            the cell state: an additive path for gradients
+    h_t = o * tanh(c_t)"""
     h, c = state
     i, f, g, o = (x @ w_ih.T + b_ih + h @ w_hh.T + b_hh).chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -86,10 +88,10 @@ def lstm_step(x, state, w_ih, w_hh, b_ih, b_hh):
 
 def gru_step(x, h, w_ih, w_hh, b_ih, b_hh):
     """PyTorch order: reset, update, new.
-        r = sigmoid(W_r x + U_r h + b_r)             how much of the past feeds the candidate
-        z = sigmoid(W_z x + U_z h + b_z)             how much of the past to keep as is
-        n = tanh(W_n x + b_n + r * (U_n h + b'_n))   the candidate state
-        h_t = (1 - z) * n + z * h_{t-1}"""
+    r = sigmoid(W_r x + U_r h + b_r)             how much of the past feeds the candidate
+    z = sigmoid(W_z x + U_z h + b_z)             how much of the past to keep as is
+    n = tanh(W_n x + b_n + r * (U_n h + b'_n))   the candidate state
+    h_t = (1 - z) * n + z * h_{t-1}"""
     xr, xz, xn = (x @ w_ih.T + b_ih).chunk(3, dim=-1)
     hr, hz, hn = (h @ w_hh.T + b_hh).chunk(3, dim=-1)
     r = torch.sigmoid(xr + hr)
@@ -106,7 +108,7 @@ class RNNState:
         self.h, self.c = h, c
 
     @staticmethod
-    def stack(states: list["RNNState"]) -> "RNNState":
+    def stack(states: list[RNNState]) -> RNNState:
         """Join per-row states into one batch (batch is dim 1)."""
         h = torch.cat([s.h for s in states], dim=1)
         c = torch.cat([s.c for s in states], dim=1) if states[0].c is not None else None
@@ -123,8 +125,12 @@ class RecurrentLM(nn.Module):
         extra = {"nonlinearity": "tanh"} if config.arch == "rnn" else {}
         self.embedding = nn.Embedding(config.vocab_size, config.n_embd)
         self.rnn = kind(
-            config.n_embd, config.n_hidden, num_layers=config.n_layer, batch_first=True,
-            dropout=config.dropout if config.n_layer > 1 else 0.0, **extra,
+            config.n_embd,
+            config.n_hidden,
+            num_layers=config.n_layer,
+            batch_first=True,
+            dropout=config.dropout if config.n_layer > 1 else 0.0,
+            **extra,
         )
         self.drop = nn.Dropout(config.dropout)
         self.lm_head = nn.Linear(config.n_hidden, config.vocab_size)  # y_t = V h_t (+ bias)

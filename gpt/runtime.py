@@ -78,13 +78,14 @@ def pick_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dty
 
 
 def pick_compile(device: torch.device, requested: str | bool = "auto") -> tuple[bool, str]:
-    if requested not in ("auto", True, False):
+    choice = str(requested).strip().lower()  # compile=true arrives as "True" in a string setting
+    if choice not in ("auto", "true", "false"):
         raise TinyGPTError(f"compile={requested!r} is not understood; use compile=auto, compile=true or compile=false")
-    if requested == "auto":
+    if choice == "auto":
         on = device.type == "cuda"
         why = "on for CUDA" if on else f"off on {device.type}: compile time outweighs the gain for small runs"
         return on, f"compile {why}"
-    return bool(requested), f"compile {'on' if requested else 'off'} (set in config)"
+    return choice == "true", f"compile {'on' if choice == 'true' else 'off'} (set in config)"
 
 
 def setup(device: str = "auto", dtype: str = "auto", compile: str | bool = "auto", local_rank: int | None = None) -> Runtime:
@@ -112,7 +113,10 @@ def rng_state(device: torch.device | None = None) -> dict:
     np_state = np.random.get_state(legacy=False)
     state = {
         "python": random.getstate(),
-        "numpy": {**np_state, "state": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)), "pos": np_state["state"]["pos"]}},
+        "numpy": {
+            **np_state,
+            "state": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)), "pos": np_state["state"]["pos"]},
+        },
         "torch": torch.get_rng_state(),
     }
     if device is not None and device.type == "cuda":

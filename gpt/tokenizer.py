@@ -51,7 +51,7 @@ class CharTokenizer:
         self._stoi = {c: i for i, c in enumerate(self.chars)}
 
     @classmethod
-    def fit(cls, text: str) -> "CharTokenizer":
+    def fit(cls, text: str) -> CharTokenizer:
         return cls(sorted(set(text)))
 
     @property
@@ -157,7 +157,9 @@ def _load_encoding(name: str, ranks_file: str | None):
         try:
             ranks = load_tiktoken_bpe(str(path))
         except Exception:
-            raise TinyGPTError(f"{path} is not a tiktoken ranks file (base64 token and rank per line, e.g. r50k_base.tiktoken)") from None
+            raise TinyGPTError(
+                f"{path} is not a tiktoken ranks file (base64 token and rank per line, e.g. r50k_base.tiktoken)"
+            ) from None
         return tiktoken.Encoding(name=name, pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={GPT2_EOT: len(ranks)})
     try:
         return tiktoken.get_encoding("r50k_base" if name == "gpt2" else name)

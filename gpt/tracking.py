@@ -6,11 +6,13 @@ has no `if writer:` branches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import sys
 from pathlib import Path
+
+from gpt import io
 
 logger = logging.getLogger("tinygpt")
 
@@ -25,6 +27,20 @@ def ensure_console_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
+def console_redirected(bar_shown: bool):
+    """While a progress bar is on screen, log lines go through tqdm.write so they do not break
+    it. Only the loggers that print to the console are redirected (tqdm would otherwise add a
+    console handler of its own to the root logger, and every line would appear twice)."""
+    if not bar_shown:
+        return contextlib.nullcontext()
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    def prints(lg: logging.Logger) -> bool:
+        return any(isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr) for h in lg.handlers)
+
+    return logging_redirect_tqdm(loggers=[lg for lg in (logging.getLogger(), logger) if prints(lg)])
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}"""
     out = {}
@@ -35,12 +51,6 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
-
-
-def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 class MetricsFile:
@@ -71,7 +81,37 @@ class RunSummary:
     def update(self, **values) -> None:
         self.data.update(values)
         if self.path is not None:
-            write_json_atomic(self.path, self.data)
+            io.write_json(self.path, self.data)
+
+
+class RunRecords:
+    """A run's records as one object: TensorBoard events, metrics.jsonl and summary.json under
+    its directory; with no directory (ranks other than 0, or before training starts) no-ops."""
+
+    METRICS = ["hparams/best_val_loss", "hparams/final_val_loss"]  # what the HParams tab ranks runs by
+
+    def __init__(self, out_dir: Path | None = None, settings: dict | None = None, first_step: int = 0, **summary):
+        self.tb = TensorBoardTracker(out_dir / "tb") if out_dir is not None else NullTracker()
+        self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None)
+        self.summary = RunSummary(out_dir / "summary.json" if out_dir is not None else None, **summary)
+        if out_dir is not None:
+            if first_step == 0:
+                self.tb.config(settings)
+            self.tb.hparams(settings, self.METRICS)
+            self.summary.update(step=first_step)
+
+    def train(self, step: int, loss: float, lr: float, ms_per_step: float, **scalars) -> None:
+        """A logged training step: its loss, lr, time and other scalars (grad_norm, perf/...)."""
+        self.tb.scalars(step, {"loss/train": loss, "lr": lr, "perf/ms_per_step": ms_per_step, **scalars})
+        self.metrics.write(kind="train", step=step, loss=loss, lr=lr, ms_per_step=ms_per_step)
+
+    def eval(self, step: int, train: float, val: float, best: float) -> None:
+        self.tb.scalars(step, {"loss/train_eval": train, "loss/val": val, self.METRICS[0]: best, self.METRICS[1]: val})
+        self.metrics.write(kind="eval", step=step, train=train, val=val)
+
+    def close(self) -> None:
+        self.tb.close()
+        self.metrics.close()
 
 
 class NullTracker:

@@ -1,36 +1,110 @@
-"""Checkpoints: atomic save, safe load, compiled-model keys, run discovery.
+"""gpt/checkpoint.py: the format (versioned, older read, newer refused), atomic save, safe load,
+compiled-model keys, retention, run discovery, where a run resumes from.
 Run: pytest tests/test_checkpoint.py"""
 
 from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
 from gpt import checkpoint
+from gpt.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
+from helpers import REPO
 
 
-def _payload(model):
-    return {"model": model.state_dict(), "model_config": model.config.to_dict(), "tokenizer": {"kind": "char", "chars": list("ab")}, "step": 3}
+def _model():
+    return GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
 
 
-def test_round_trip_and_version(tmp_path):
-    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
-    checkpoint.save(tmp_path / "c.pt", _payload(model))
-    ckpt = checkpoint.load(tmp_path / "c.pt")
-    assert ckpt["step"] == 3 and "tinygpt_version" in ckpt
-    assert all(torch.equal(ckpt["model"][k], v) for k, v in model.state_dict().items())
+def _ckpt(model=None, **kw) -> Checkpoint:
+    model = model or _model()
+    return Checkpoint(
+        model=model.state_dict(),
+        model_config=model.config.to_dict(),
+        tokenizer={"kind": "char", "chars": list("ab")},
+        step=3,
+        **kw,
+    )
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    model = _model()
+    state = TrainingState(
+        optimizer={"state": {}, "param_groups": []},
+        scaler={},
+        loader={"generator": torch.ones(3)},
+        rng=[{"torch": torch.zeros(2)}],
+        bad_steps=2,
+        bad_in_a_row=1,
+    )
+    saved = _ckpt(model, best_val_loss=1.5, config={"seed": 7}, lora={"rank": 2, "alpha": 4.0}, training=state)
+    checkpoint.save(tmp_path / "c.pt", saved)
+    back = checkpoint.load(tmp_path / "c.pt")
+    assert (back.step, back.best_val_loss, back.config, back.lora) == (3, 1.5, {"seed": 7}, {"rank": 2, "alpha": 4.0})
+    assert (
+        back.training.bad_steps == 2
+        and back.training.bad_in_a_row == 1
+        and torch.equal(back.training.loader["generator"], torch.ones(3))
+    )
+    assert all(torch.equal(back.model[k], v) for k, v in model.state_dict().items())
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert raw["format"] == checkpoint.FORMAT and raw["tinygpt_version"]
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left over
 
 
+def test_format_1_is_read_and_a_newer_format_refused(tmp_path):
+    """Format 1 (tinygpt 0.1, no `format` key) kept the training state at the top level."""
+    model = _model()
+    old = {
+        "model": model.state_dict(),
+        "model_config": model.config.to_dict(),
+        "tokenizer": {"kind": "byte"},
+        "step": 9,
+        "best_val_loss": 2.0,
+        "config": {},
+        "optimizer": {"state": {}, "param_groups": []},
+        "scaler": {},
+        "loader": {"generator": torch.ones(1)},
+        "rng": {"torch": torch.zeros(1)},
+        "bad_steps": 1,
+        "bad_in_a_row": 0,
+        "lora": None,
+        "tinygpt_version": "0.1.0",
+    }
+    torch.save(old, tmp_path / "old.pt")
+    ckpt = checkpoint.load(tmp_path / "old.pt")
+    assert ckpt.step == 9 and ckpt.training.bad_steps == 1 and ckpt.training.rng == [{"torch": torch.zeros(1)}]
+    torch.save({k: v for k, v in old.items() if k not in ("optimizer", "scaler", "loader", "rng")}, tmp_path / "best.pt")
+    assert checkpoint.load(tmp_path / "best.pt").training is None  # weights only
+
+    newer = {**_ckpt(model).to_payload(), "format": checkpoint.FORMAT + 1, "tinygpt_version": "9.0.0"}
+    torch.save(newer, tmp_path / "new.pt")
+    with pytest.raises(TinyGPTError, match=f"tinygpt 9.0.0 in checkpoint format {checkpoint.FORMAT + 1}.*upgrade tinygpt"):
+        checkpoint.load(tmp_path / "new.pt")
+
+
+def test_not_a_checkpoint(tmp_path):
+    torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
+    with pytest.raises(TinyGPTError, match="not a tinygpt checkpoint.*model, model_config, tokenizer"):
+        checkpoint.load(tmp_path / "other.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(TinyGPTError, match="not a tinygpt checkpoint"):
+        checkpoint.load(tmp_path / "list.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(TinyGPTError, match="cannot load checkpoint"):
+        checkpoint.load(tmp_path / "text.pt")
+
+
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
-    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
-    checkpoint.save(tmp_path / "c.pt", _payload(model))
+    checkpoint.save(tmp_path / "c.pt", _ckpt())
     good = (tmp_path / "c.pt").read_bytes()
 
     def crash(obj, f):
@@ -39,7 +113,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError):
-        checkpoint.save(tmp_path / "c.pt", _payload(model))
+        checkpoint.save(tmp_path / "c.pt", _ckpt())
     assert (tmp_path / "c.pt").read_bytes() == good
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
 
@@ -60,12 +134,12 @@ def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
 
 
 def test_compiled_prefix_is_stripped(tmp_path):
-    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
-    old_style = _payload(model)
+    model = _model()
+    old_style = _ckpt(model).to_payload()
     old_style["model"] = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
     torch.save(old_style, tmp_path / "old.pt")
     fresh = GPT(model.config)
-    fresh.load_state_dict(checkpoint.load(tmp_path / "old.pt")["model"])
+    fresh.load_state_dict(checkpoint.load(tmp_path / "old.pt").model)
 
 
 def test_latest_run_and_resolution(tmp_path):
@@ -90,6 +164,25 @@ def test_latest_run_and_resolution(tmp_path):
         checkpoint.resolve(str(tmp_path / "nope.pt"), None, tmp_path)
 
 
+def test_new_run_dirs_are_distinct_and_leftovers_are_only_temporaries(tmp_path):
+    assert checkpoint.new_run_dir(tmp_path) != checkpoint.new_run_dir(tmp_path)
+    folder = tmp_path / checkpoint.CKPT_DIR
+    folder.mkdir()
+    (folder / "ckpt-0000010.pt.tmp-123").write_bytes(b"half")
+    (folder / "ckpt-0000010.pt").write_bytes(b"x")
+    (folder / "notes.pt.tmp-mine").write_bytes(b"not ours")
+    checkpoint.remove_leftovers(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-0000010.pt", "notes.pt.tmp-mine"]
+
+
+def test_resume_setting_is_parsed_in_one_place(tmp_path):
+    for value in ("auto", "Auto", "true", True):
+        assert checkpoint.parse_resume(value) == checkpoint.AUTO
+    for value in ("false", "False", False, "never", "null", None):
+        assert checkpoint.parse_resume(value) == checkpoint.NEVER
+    assert checkpoint.parse_resume("~/runs/a") == (tmp_path.home() / "runs/a")
+
+
 def test_retention_and_resume_sources(tmp_path):
     for step in (5, 10, 15, 20):
         (tmp_path / checkpoint.CKPT_DIR).mkdir(exist_ok=True)
@@ -101,7 +194,7 @@ def test_retention_and_resume_sources(tmp_path):
     assert checkpoint.resume_source("auto", tmp_path / "fresh") is None
     assert checkpoint.resume_source(str(tmp_path), tmp_path / "fresh") == tmp_path / "checkpoints/ckpt-0000020.pt"
     with pytest.raises(TinyGPTError, match="resume=false"):
-        checkpoint.resume_source(False, tmp_path)
+        checkpoint.resume_source("False", tmp_path)
     with pytest.raises(TinyGPTError, match="neither"):
         checkpoint.resume_source("nowhere", tmp_path)
     # the newest checkpoint of this very directory, named explicitly: that is plain resuming
@@ -109,15 +202,18 @@ def test_retention_and_resume_sources(tmp_path):
     assert checkpoint.resume_source(str(newest), tmp_path) == newest
 
 
+def _launched_with(resume: str) -> Checkpoint:
+    return Checkpoint(model={}, model_config={}, tokenizer={"kind": "byte"}, config={"resume": resume})
+
+
 @pytest.mark.parametrize("source", ["older_here", "other_run"])
 def test_resume_refuses_to_mix_trajectories_in_one_directory(tmp_path, source):
     """Continuing from an older checkpoint (or another run) inside a directory holding a run would
     overwrite its ckpt-<step> files or let retention prune them: refused, nothing touched."""
     run, other = tmp_path / "run", tmp_path / "other"
-    launched_fresh = {"model": {}, "model_config": {}, "config": {"resume": "auto"}}
     for d, steps in ((run, (10, 20)), (other, (5,))):
         for step in steps:
-            checkpoint.save(d / checkpoint.CKPT_DIR / checkpoint.step_file(step), launched_fresh)
+            checkpoint.save(d / checkpoint.CKPT_DIR / checkpoint.step_file(step), _launched_with("auto"))
     src = run / checkpoint.CKPT_DIR / checkpoint.step_file(10) if source == "older_here" else other
     with pytest.raises(TinyGPTError, match="already holds a run .*ckpt-0000020.pt.*new directory"):
         checkpoint.resume_source(str(src), run)
@@ -128,20 +224,18 @@ def test_a_run_started_from_another_continues_its_own_checkpoints(tmp_path):
     """`resume=A` into B, preempted, rerun with the same overrides (what the stop message says):
     B's newest checkpoint is the one to continue, not A's again."""
     a, b = tmp_path / "A", tmp_path / "B"
-    checkpoint.save(a / checkpoint.CKPT_DIR / checkpoint.step_file(500), {"model": {}, "model_config": {}, "config": {}})
+    checkpoint.save(a / checkpoint.CKPT_DIR / checkpoint.step_file(500), _launched_with("auto"))
     assert checkpoint.resume_source(str(a), b) == checkpoint.latest(a)  # first launch: B is empty
-    launched_with = {"model": {}, "model_config": {}, "config": {"resume": str(a)}}
-    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(750), launched_with)
+    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(750), _launched_with(str(a)))
     assert checkpoint.resume_source(str(a), b) == b / checkpoint.CKPT_DIR / checkpoint.step_file(750)
     # B launched from elsewhere: continuing it from A would mix trajectories
-    other = {"model": {}, "model_config": {}, "config": {"resume": str(tmp_path / "C")}}
-    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(1000), other)
+    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(1000), _launched_with(str(tmp_path / "C")))
     with pytest.raises(TinyGPTError, match="already holds a run"):
         checkpoint.resume_source(str(a), b)
 
 
 def test_unwrap_compiled_and_ddp_style_wrappers():
-    model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
+    model = _model()
 
     class Wrapper(torch.nn.Module):
         def __init__(self, module):
@@ -150,3 +244,27 @@ def test_unwrap_compiled_and_ddp_style_wrappers():
 
     assert checkpoint.unwrap(Wrapper(model)) is model
     assert list(checkpoint.unwrap(Wrapper(model)).state_dict()) == list(model.state_dict())
+
+
+_WRITER = """
+import sys, torch
+from gpt import checkpoint
+ckpt = checkpoint.Checkpoint(model={"w": torch.randn(3_000_000)}, model_config={}, tokenizer={"kind": "byte"})
+while True:
+    ckpt.step += 1
+    checkpoint.save(sys.argv[1], ckpt)
+    print(ckpt.step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
+def test_sigkill_while_writing_keeps_a_loadable_checkpoint(tmp_path, delay):
+    path = tmp_path / "checkpoints" / checkpoint.step_file(7)
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc.stdout.readline()  # one complete checkpoint exists
+    time.sleep(delay)  # ...and the writer is somewhere in the middle of another
+    proc.kill()
+    proc.wait()
+    ckpt = checkpoint.load(path)
+    assert ckpt.step >= 1 and ckpt.model["w"].shape == (3_000_000,)
+    assert checkpoint.latest(tmp_path) == path  # a leftover temporary is never taken for a checkpoint

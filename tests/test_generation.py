@@ -1,15 +1,17 @@
-"""Generation: KV cache equivalence, sampling controls, stop strings, streaming, batching.
+"""gpt/generation.py: KV cache equivalence, sampling controls, stop strings, streaming, batching.
 Run: pytest tests/test_generation.py"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
 
+from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.generation import Decoder, SamplingConfig, _advance, _decode_safe, _Row, filter_logits, generate, penalize_repeats, stream
+from gpt.generation import Decoder, _advance, _decode_safe, _Row, filter_logits, generate, penalize_repeats, stream
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import CharTokenizer
 
@@ -29,7 +31,7 @@ def _model(attention="sdpa", block_size=16, vocab=len(ALPHABET), **kw) -> GPT:
 
 
 def _tokens(model, prompts, use_cache, n=40, **kw):
-    cfg = SamplingConfig(max_new_tokens=n, use_cache=use_cache, **{"temperature": 0.0, **kw})
+    cfg = SamplingSettings(max_new_tokens=n, kv_cache=use_cache, **{"temperature": 0.0, **kw})
     dec = Decoder(model, prompts, cfg, seeds=[cfg.seed] * len(prompts))
     return torch.stack([dec.step() for _ in range(n)], dim=1)
 
@@ -45,15 +47,22 @@ def test_greedy_with_cache_equals_without(attention, prompt_len):
     assert len(set(cached[0].tolist())) >= 8  # a varied sequence, so the comparison means something
 
 
-@pytest.mark.parametrize("kw", [dict(pos_encoding="rope"), dict(pos_encoding="sinusoidal"), dict(n_kv_head=1),
-                                dict(pos_encoding="rope", n_kv_head=1, attention="manual")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(pos_encoding="rope"),
+        dict(pos_encoding="sinusoidal"),
+        dict(n_kv_head=1),
+        dict(pos_encoding="rope", n_kv_head=1, attention="manual"),
+    ],
+)
 def test_cache_logits_match_full_recompute_for_every_variant(kw):
     """Step by step, the cached logits equal those of re-encoding the whole window, also
     across the slide past block_size and for padded rows."""
     model = _model(**kw)
     prompts = [[5, 9, 2, 7, 1], [3]]
-    cfg_c = SamplingConfig(max_new_tokens=30, temperature=0.0, use_cache=True)
-    cfg_n = SamplingConfig(max_new_tokens=30, temperature=0.0, use_cache=False)
+    cfg_c = SamplingSettings(max_new_tokens=30, temperature=0.0, kv_cache=True)
+    cfg_n = SamplingSettings(max_new_tokens=30, temperature=0.0, kv_cache=False)
     a, b = Decoder(model, prompts, cfg_c, [0, 0]), Decoder(model, prompts, cfg_n, [0, 0])
     for _ in range(30):
         with torch.no_grad():
@@ -68,7 +77,7 @@ def test_prompt_longer_than_context_keeps_its_tail(caplog):
     model = _model()
     tok = CharTokenizer(list(ALPHABET))
     long_prompt = "to be or not to be, that is the question"
-    cfg = SamplingConfig(max_new_tokens=10, temperature=0.0)
+    cfg = SamplingSettings(max_new_tokens=10, temperature=0.0)
     with caplog.at_level(logging.WARNING, logger="tinygpt"):
         out = generate(model, tok, [long_prompt], cfg)[0][0]
     assert "sees only the last 16" in caplog.text
@@ -111,12 +120,12 @@ def test_top_p_and_min_p_keep_exactly_the_right_tokens():
 def test_stop_strings_cut_output_and_streaming_matches():
     model = _model()
     tok = CharTokenizer(list(ALPHABET))
-    base = SamplingConfig(max_new_tokens=60, temperature=1.0, seed=3)
+    base = SamplingSettings(max_new_tokens=60, temperature=1.0, seed=3)
     full = generate(model, tok, ["the "], base)[0][0]
     stop = full[20:22]  # a string the unconstrained sample contains
-    cut = generate(model, tok, ["the "], SamplingConfig(**{**base.__dict__, "stop": (stop,)}))[0][0]
+    cut = generate(model, tok, ["the "], replace(base, stop=(stop,)))[0][0]
     assert cut == full[: full.index(stop)]
-    pieces = list(stream(model, tok, "the ", SamplingConfig(**{**base.__dict__, "stop": (stop,)})))
+    pieces = list(stream(model, tok, "the ", replace(base, stop=(stop,))))
     assert "".join(pieces) == cut and len(pieces) > 1
 
 
@@ -144,7 +153,7 @@ def test_batch_of_prompts_equals_one_at_a_time(temperature):
     model = _model()
     tok = CharTokenizer(list(ALPHABET))
     prompts = ["a", "what light through yonder", "to be or not"]
-    cfg = SamplingConfig(max_new_tokens=25, temperature=temperature, top_k=10, seed=11)
+    cfg = SamplingSettings(max_new_tokens=25, temperature=temperature, top_k=10, seed=11)
     together = generate(model, tok, prompts, cfg, num_samples=2)
     alone = [generate(model, tok, [p], cfg, num_samples=2)[0] for p in prompts]
     assert together == alone
@@ -154,27 +163,33 @@ def test_batch_of_prompts_equals_one_at_a_time(temperature):
 def test_empty_prompt_starts_from_newline():
     model = _model()
     tok = CharTokenizer(list(ALPHABET))
-    cfg = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    cfg = SamplingSettings(max_new_tokens=8, temperature=0.0)
     assert generate(model, tok, [""], cfg) == generate(model, tok, ["\n"], cfg)
 
 
 def test_padded_vocabulary_ids_are_never_sampled():
     model = _model(vocab=len(ALPHABET) + 30)
     with torch.no_grad():  # make the unused ids the most likely ones
-        model.lm_head.weight[len(ALPHABET):] *= 50
+        model.lm_head.weight[len(ALPHABET) :] *= 50
     tok = CharTokenizer(list(ALPHABET))
-    text = generate(model, tok, ["abc"], SamplingConfig(max_new_tokens=30, temperature=1.0, top_k=None))[0][0]
+    text = generate(model, tok, ["abc"], SamplingSettings(max_new_tokens=30, temperature=1.0, top_k=None))[0][0]
     assert len(text) == 30
 
 
 @pytest.mark.parametrize(
     "kw, match",
-    [(dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-0.1), "temperature"),
-     (dict(min_p=2.0), "min_p"), (dict(stop=("",)), "stop"), (dict(repetition_penalty=0), "repetition")],
+    [
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(min_p=2.0), "min_p"),
+        (dict(stop=("",)), "stop"),
+        (dict(repetition_penalty=0), "repetition"),
+    ],
 )
 def test_invalid_sampling_settings(kw, match):
     with pytest.raises(TinyGPTError, match=match):
-        SamplingConfig(**kw)
+        SamplingSettings(**kw)
 
 
 def test_repetition_penalty_changes_greedy_choice():

@@ -1,13 +1,17 @@
-"""Model behaviour: shapes, causality, attention paths, weight tying, init, parameter counts.
+"""gpt/model.py: shapes, causality, attention against a NumPy reference of the formulas,
+positional encodings, grouped-query attention, weight tying, init, parameter counts, KV cache.
 Run: pytest tests/test_model.py"""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.model import GPT, GPTConfig, KVCache
+from gpt.generation import Decoder
+from gpt.model import GPT, CausalSelfAttention, GPTConfig, KVCache, apply_rope, rope_tables, sinusoidal_table
 
 
 def tiny(**kw) -> GPTConfig:
@@ -133,3 +137,101 @@ def test_left_padding_is_invisible():
     cache = KVCache(n_layer=2, max_len=8, pad=torch.tensor([3]))
     batched, _ = model(padded, cache=cache)
     assert (batched[:, 3:] - alone).abs().max().item() < 1e-5
+
+
+# --- attention against the formulas, positional encodings, grouped-query attention -----------
+
+
+def _numpy_attention(attn: CausalSelfAttention, x: np.ndarray) -> np.ndarray:
+    """Causal multi-head softmax(QK^T / sqrt(d_k)) V, then the output projection, in NumPy."""
+    W = attn.c_attn.weight.detach().double().numpy()
+    b = attn.c_attn.bias.detach().double().numpy()
+    Wo = attn.c_proj.weight.detach().double().numpy()
+    bo = attn.c_proj.bias.detach().double().numpy()
+    T, C = x.shape
+    H, d = attn.n_head, C // attn.n_head
+    Q, K, V = np.split(x @ W.T + b, 3, axis=1)  # Q = X Wq, K = X Wk, V = X Wv
+    heads = []
+    for h in range(H):
+        q, k, v = (M[:, h * d : (h + 1) * d] for M in (Q, K, V))
+        scores = q @ k.T / math.sqrt(d)
+        scores[np.triu_indices(T, 1)] = -np.inf  # position t sees 0..t
+        A = np.exp(scores - scores.max(axis=1, keepdims=True))
+        A /= A.sum(axis=1, keepdims=True)
+        heads.append(A @ v)
+    return np.concatenate(heads, axis=1) @ Wo.T + bo  # concatenate heads, project
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "manual"])
+def test_attention_matches_numpy_reference(impl):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=16, block_size=12, n_layer=1, n_head=4, n_embd=32, attention=impl)
+    attn = CausalSelfAttention(cfg).eval()
+    for p in attn.parameters():  # non-trivial biases too
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(1, 12, 32)
+    ours = attn(x)[0].detach().double().numpy()
+    assert np.abs(ours - _numpy_attention(attn, x[0].double().numpy())).max() < 1e-5
+
+
+def test_attention_maps_are_causal_distributions():
+    model = GPT(GPTConfig(vocab_size=16, block_size=10, n_layer=2, n_head=2, n_embd=16))
+    maps = model.attention_maps(torch.randint(0, 16, (3, 10)))
+    assert len(maps) == 2 and maps[0].shape == (3, 2, 10, 10)
+    for A in maps:
+        assert torch.allclose(A.sum(-1), torch.ones(3, 2, 10))
+        assert torch.all(A.triu(1) == 0)
+    assert all(not b.attn.capture and b.attn.last_weights is None for b in model.transformer.h)
+
+
+def test_sinusoidal_table_is_the_closed_form():
+    table = sinusoidal_table(50, 16)
+    for pos in (0, 1, 7, 49):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert math.isclose(table[pos, 2 * i].item(), math.sin(angle), abs_tol=1e-6)
+            assert math.isclose(table[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=1e-6)
+
+
+def test_rope_scores_depend_only_on_relative_offset():
+    cos, sin = rope_tables(64, 8, 10000.0)
+    q, k = torch.randn(8), torch.randn(8)
+
+    def score(m, n):
+        rq = apply_rope(q.view(1, 1, 1, 8), cos[m], sin[m])
+        rk = apply_rope(k.view(1, 1, 1, 8), cos[n], sin[n])
+        return (rq * rk).sum().item()
+
+    assert math.isclose(score(5, 2), score(25, 22), rel_tol=1e-5)
+    assert math.isclose(score(9, 9), score(40, 40), rel_tol=1e-5)
+    assert not math.isclose(score(5, 2), score(5, 4), rel_tol=1e-3)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "sinusoidal", "none"])
+def test_position_variants_are_causal_and_cache_exact(pos_encoding):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=12, n_layer=2, n_head=2, n_embd=16, pos_encoding=pos_encoding)).eval()
+    assert ("wpe" in model.transformer) is False
+    idx = torch.randint(0, 32, (2, 12))
+    changed = idx.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 32
+    assert torch.equal(model(idx)[0][:, :6], model(changed)[0][:, :6])
+    cfgs = [SamplingSettings(max_new_tokens=30, temperature=0.0, kv_cache=c) for c in (True, False)]
+    runs = [Decoder(model, [[1, 2, 3], [4]], c, [0, 0]) for c in cfgs]
+    assert torch.equal(*[torch.stack([d.step() for _ in range(30)]) for d in runs])
+
+
+def test_grouped_query_attention_equals_mha_with_shared_heads():
+    torch.manual_seed(0)
+    gqa = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=4, n_kv_head=2, n_embd=16)).eval()
+    mha = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=4, n_embd=16)).eval()
+    state = gqa.state_dict()
+    d = 4  # head_dim; kv head j serves query heads 2j and 2j+1
+    for name in [n for n in state if n.endswith("c_attn.weight") or n.endswith("c_attn.bias")]:
+        q, k, v = state[name].split([16, 8, 8])
+        widen = lambda t: t.view(2, d, *t.shape[1:]).repeat_interleave(2, dim=0).reshape(16, *t.shape[1:])  # noqa: E731
+        state[name] = torch.cat([q, widen(k), widen(v)])
+    mha.load_state_dict(state)
+    idx = torch.randint(0, 32, (2, 8))
+    assert torch.allclose(gqa(idx)[0], mha(idx)[0], atol=1e-5)
+    assert gqa.transformer.h[0].attn.c_attn.weight.shape == (32, 16)  # K and V take half the space

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpt.architectures import build, config_from_dict
-from gpt.config import OptimSettings
+from gpt.config import OPTIMIZERS, AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
 from gpt.model import GPT, GPTConfig
@@ -17,7 +17,7 @@ from gpt.optim import CosineSchedule, build_optimizer, ns_dtype_for, orthogonali
 
 def test_weight_decay_only_on_matrices():
     model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    decay, no_decay = param_groups(model, OptimSettings(weight_decay=0.1))
+    decay, no_decay = param_groups(model, AdamWSettings(weight_decay=0.1))
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1
     total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
@@ -34,19 +34,26 @@ def test_warmup_then_cosine_then_floor():
 
 
 def test_warmup_longer_than_schedule_is_shortened():
-    s = CosineSchedule.from_settings(OptimSettings(lr=1e-3, min_lr=1e-4, warmup_iters=100, decay_iters=20))
+    s = CosineSchedule.from_settings(AdamWSettings(lr=1e-3, min_lr=1e-4, warmup_iters=100, decay_iters=20), max_iters=5000)
     assert s.warmup_iters == 2 and math.isclose(s(2), 1e-3) and math.isclose(s(20), 1e-4)
 
 
 @pytest.mark.parametrize(
     "kw, match",
-    [(dict(lr=1e-4, min_lr=1e-3), "min_lr"), (dict(lr="fast"), "optim.lr must be a number"),
-     (dict(beta2=1.0), "beta"), (dict(warmup_iters=-1), "warmup"), (dict(name="sgd"), "sgd"),
-     (dict(name="muon", muon_lr=0), "muon_lr"), (dict(ns_dtype="fp8"), "ns_dtype")],
+    [
+        (dict(lr=1e-4, min_lr=1e-3), "min_lr"),
+        (dict(lr="fast"), "optim.lr must be a number"),
+        (dict(beta2=1.0), "beta"),
+        (dict(warmup_iters=-1), "warmup"),
+        (dict(name="sgd"), "sgd"),
+        (dict(muon_lr=0), "muon_lr"),
+        (dict(ns_dtype="fp8"), "ns_dtype"),
+        (dict(weight_decay=-1), "weight_decay"),
+    ],
 )
 def test_bad_optim_settings(kw, match):
     with pytest.raises(TinyGPTError, match=match):
-        OptimSettings(**kw)
+        MuonSettings(**kw)
 
 
 def _tiny_gpt(seed: int = 0) -> GPT:
@@ -75,12 +82,12 @@ def _train(model, opt, steps: int, lr_of=lambda step: None, seed: int = 1, start
 def test_adamw_matches_torch_and_resumes_from_its_state():
     """Same kernel as torch.optim.AdamW(fused=True), so the same trajectory; and a state_dict
     written by torch.optim (older tinygpt checkpoints) continues here as it would have there."""
-    settings = OptimSettings(lr=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8)
+    settings = AdamWSettings(lr=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8)
     ours_model, ref_model = _tiny_gpt(), _tiny_gpt()
     ours = build_optimizer(ours_model, settings, torch.device("cpu"))
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in param_groups(ref_model, settings)]
     ref = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    lr_of = lambda step: 3e-3 * (0.9 ** step)  # noqa: E731  a changing lr, as the schedule does
+    lr_of = lambda step: 3e-3 * (0.9**step)  # noqa: E731  a changing lr, as the schedule does
     assert _train(ours_model, ours, 6, lr_of) == pytest.approx(_train(ref_model, ref, 6, lr_of), rel=1e-6)
     for a, b in zip(ours_model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
@@ -94,7 +101,7 @@ def test_adamw_matches_torch_and_resumes_from_its_state():
 
 
 def test_optimizer_state_round_trip_continues_exactly():
-    settings = OptimSettings(name="muon", lr=3e-3, muon_lr=0.02)
+    settings = MuonSettings(lr=3e-3, muon_lr=0.02)
     full_model = _tiny_gpt()
     full = build_optimizer(full_model, settings, torch.device("cpu"))
     full_losses = _train(full_model, full, 10)
@@ -113,24 +120,28 @@ def test_optimizer_state_round_trip_continues_exactly():
 
 def test_muon_takes_the_hidden_matrices_only():
     model = _tiny_gpt()
-    groups = param_groups(model, OptimSettings(name="muon"))
+    groups = param_groups(model, MuonSettings())
     muon = {id(p) for g in groups if g["kind"] == "muon" for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in muon}
-    assert names == {f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert names == {
+        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
     assert sum(p.numel() for g in groups for p in g["params"]) == model.num_params()  # all, once
-    adamw_only = param_groups(model, OptimSettings(name="adamw"))
+    adamw_only = param_groups(model, AdamWSettings())
     assert [g["kind"] for g in adamw_only] == ["adamw", "adamw"]
 
     lora_model = _tiny_gpt()  # adapters are low-rank factors: AdamW's
     apply_lora(lora_model, rank=2, alpha=4)
     for name, p in lora_model.named_parameters():
         p.requires_grad_(".lora_" in name)
-    lora_groups = param_groups(lora_model, OptimSettings(name="muon"))
+    lora_groups = param_groups(lora_model, MuonSettings())
     assert [g["kind"] for g in lora_groups if g["params"]] == ["adamw"]
 
     rnn = build(config_from_dict({"arch": "lstm", "vocab_size": 32, "n_embd": 16, "n_hidden": 24, "n_layer": 2}))
-    muon = {id(p) for g in param_groups(rnn, OptimSettings(name="muon")) if g["kind"] == "muon" for p in g["params"]}
-    assert {n for n, p in rnn.named_parameters() if id(p) in muon} == {f"rnn.weight_{k}_l{i}" for k in ("ih", "hh") for i in range(2)}
+    muon = {id(p) for g in param_groups(rnn, MuonSettings()) if g["kind"] == "muon" for p in g["params"]}
+    assert {n for n, p in rnn.named_parameters() if id(p) in muon} == {
+        f"rnn.weight_{k}_l{i}" for k in ("ih", "hh") for i in range(2)
+    }
 
 
 @pytest.mark.parametrize("shape", [(3, 48, 16), (2, 16, 40)])  # tall and wide
@@ -147,7 +158,7 @@ def test_newton_schulz_makes_singular_values_near_one(shape):
 
 def test_muon_step_matches_torch_muon():
     """The Muon group against torch.optim.Muon (bf16 Newton-Schulz there; ours in bf16 too here)."""
-    settings = OptimSettings(name="muon", muon_lr=0.02, momentum=0.95, weight_decay=0.1, ns_dtype="bfloat16")
+    settings = MuonSettings(muon_lr=0.02, momentum=0.95, weight_decay=0.1, ns_dtype="bfloat16")
     ours_model, ref_model = _tiny_gpt(), _tiny_gpt()
     ours = build_optimizer(ours_model, settings, torch.device("cpu"))
     ours.param_groups = [g for g in ours.param_groups if g["kind"] == "muon"]
@@ -163,22 +174,22 @@ def test_muon_step_matches_torch_muon():
 
 
 def test_ns_precision_follows_the_device(monkeypatch):
-    s = OptimSettings(name="muon")
+    s = MuonSettings()
     assert ns_dtype_for(s, torch.device("cpu")) == torch.float32
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100/H200
     assert ns_dtype_for(s, torch.device("cuda")) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # T4: emulated bf16
     assert ns_dtype_for(s, torch.device("cuda")) == torch.float32
-    assert ns_dtype_for(OptimSettings(name="muon", ns_dtype="bfloat16"), torch.device("cpu")) == torch.bfloat16
+    assert ns_dtype_for(MuonSettings(ns_dtype="bfloat16"), torch.device("cpu")) == torch.bfloat16
     line = build_optimizer(_tiny_gpt(), s, torch.device("cpu")).describe()  # what the trainer prints
     assert line.startswith("muon on 8 tensors (6,144 parameters, peak lr 0.02, Newton-Schulz in float32) + adamw on 20 tensors")
 
 
 def test_resuming_with_another_optimizer_is_a_clear_error():
     model = _tiny_gpt()
-    adamw = build_optimizer(model, OptimSettings(), torch.device("cpu"))
+    adamw = build_optimizer(model, AdamWSettings(), torch.device("cpu"))
     _train(model, adamw, 1)
-    muon = build_optimizer(model, OptimSettings(name="muon"), torch.device("cpu"))
+    muon = build_optimizer(model, MuonSettings(), torch.device("cpu"))
     with pytest.raises(TinyGPTError, match="optim=adamw"):
         muon.load_state_dict(adamw.state_dict())
 
@@ -188,10 +199,10 @@ def test_training_imports_no_dynamo():
     or the CPU quickstart's memory grows by a fifth."""
     code = (
         "import sys, torch; from gpt.model import GPT, GPTConfig; from gpt.optim import build_optimizer; "
-        "from gpt.config import OptimSettings\n"
+        "from gpt.config import OPTIMIZERS\n"
         "m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=1, n_embd=8))\n"
         "for name in ('adamw', 'muon'):\n"
-        "    o = build_optimizer(m, OptimSettings(name=name), torch.device('cpu'))\n"
+        "    o = build_optimizer(m, OPTIMIZERS[name](), torch.device('cpu'))\n"
         "    x = torch.zeros(1, 8, dtype=torch.long); m(x, x)[1].backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\n"
         "    o.step(); o.zero_grad(); o.load_state_dict(o.state_dict())\n"
         "print('torch._dynamo' in sys.modules)"
@@ -205,7 +216,7 @@ def test_grad_scaler_steps_and_skips_with_our_optimizer(name):
     """fp16 training on older GPUs goes through GradScaler: it must unscale our groups, step on
     finite gradients and skip (and lower the scale) on overflow. The CPU scaler runs the same code."""
     model = _tiny_gpt()
-    opt = build_optimizer(model, OptimSettings(name=name), torch.device("cpu"))
+    opt = build_optimizer(model, OPTIMIZERS[name](), torch.device("cpu"))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
     for poison, should_move in ((1.0, True), (float("inf"), False)):
@@ -227,7 +238,7 @@ def test_torch_state_with_an_empty_group_resumes():
     mats = [p for p in model.parameters() if p.requires_grad]
     ref = torch.optim.AdamW([{"params": mats, "weight_decay": 0.1}, {"params": [], "weight_decay": 0.0}], lr=1e-3)
     _train(model, ref, 2)
-    ours = build_optimizer(model, OptimSettings(), torch.device("cpu"))
+    ours = build_optimizer(model, AdamWSettings(), torch.device("cpu"))
     assert [len(g["params"]) for g in ours.param_groups] == [len(mats)]
     ours.load_state_dict(ref.state_dict())
     assert all(torch.equal(ours.state[p]["exp_avg"], ref.state[p]["exp_avg"]) for p in mats)

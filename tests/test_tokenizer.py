@@ -1,9 +1,12 @@
 """Tokenizers: round trips, dict form, unknown characters. Run: pytest tests/test_tokenizer.py"""
 
+import json
+
 import pytest
 
 from gpt.errors import TinyGPTError
-from gpt.tokenizer import CharTokenizer, tokenizer_from_dict
+from gpt.tokenizer import ByteTokenizer, CharTokenizer, TiktokenTokenizer, tokenizer_from_dict, tokenizer_identity
+from helpers import write_ranks
 
 
 def test_char_round_trip_and_sorted_alphabet():
@@ -29,3 +32,56 @@ def test_unknown_characters_are_named():
 def test_unknown_kind_in_dict():
     with pytest.raises(TinyGPTError, match="unknown tokenizer kind"):
         tokenizer_from_dict({"kind": "sentencepiece"})
+
+
+# --- byte and tiktoken --------------------------------------------------------------------------
+
+UNICODE = "Ünïcödé ✓ — 日本語のテキスト, emoji 🦜🚀, Ελληνικά, العربية\n\ttabs and  spaces <|endoftext|>"
+
+
+def test_byte_and_tiktoken_round_trip_arbitrary_unicode(tmp_path):
+    for tok in (ByteTokenizer(), TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "r.tiktoken")))):
+        ids = tok.encode(UNICODE)
+        assert tok.decode(ids) == UNICODE
+        assert tok.eot_id not in ids  # the literal "<|endoftext|>" in text is not the control token
+        again = tokenizer_from_dict(json.loads(json.dumps(tok.to_dict())))  # as stored in meta / checkpoints
+        assert again.encode(UNICODE) == ids and again.vocab_size == tok.vocab_size
+
+
+def test_tiny_ranks_file_builds_a_working_encoding(tmp_path):
+    tok = TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "r.tiktoken")))
+    assert tok.vocab_size == 256 + 10 + 1 and tok.eot_id == 266
+    ids = tok.encode("the band and the hand")
+    assert tok.decode(ids) == "the band and the hand"
+    assert len(ids) < len("the band and the hand")  # merges were applied
+
+
+def test_real_gpt2_encoding(gpt2_ranks):
+    if gpt2_ranks is None:
+        pytest.skip("GPT-2's ranks file is not in ../shared")
+    by_name = TiktokenTokenizer("gpt2")  # from the seeded tiktoken cache
+    by_file = TiktokenTokenizer("gpt2", ranks_file=str(gpt2_ranks))
+    assert by_name.encode("Hello world") == by_file.encode("Hello world") == [15496, 995]
+    assert by_name.vocab_size == 50257 and by_name.eot_id == 50256
+    assert by_file.decode(by_file.encode(UNICODE)) == UNICODE
+
+
+def test_unknown_encoding_and_offline_failure(tmp_path, monkeypatch):
+    with pytest.raises(TinyGPTError, match="unknown"):
+        TiktokenTokenizer("gpt5")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    import tiktoken.registry
+
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    monkeypatch.setattr(tiktoken.load, "read_file", lambda url: (_ for _ in ()).throw(ConnectionError("offline")))
+    with pytest.raises(TinyGPTError, match="ranks_file"):
+        TiktokenTokenizer("cl100k_base")
+
+
+def test_ranks_files_of_different_vocabularies_are_different_tokenizers(tmp_path):
+    small = TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "small.tiktoken", extra_pairs=4)))
+    large = TiktokenTokenizer("gpt2", ranks_file=str(write_ranks(tmp_path / "large.tiktoken", extra_pairs=10)))
+    assert tokenizer_identity(small.to_dict()) != tokenizer_identity(large.to_dict())
+    moved = dict(small.to_dict(), ranks_file=str(tmp_path / "elsewhere.tiktoken"))
+    with pytest.raises(TinyGPTError, match="provide that ranks file|cannot load"):
+        tokenizer_from_dict(moved)  # never silently replaced by another vocabulary

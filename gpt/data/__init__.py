@@ -7,12 +7,14 @@ ahead of time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gpt.data.prepare import open_split, prepare as prepare_documents, tokenizer_of
+from gpt.config import DataSettings
+from gpt.data.prepare import open_split, tokenizer_of
+from gpt.data.prepare import prepare as prepare_documents
 from gpt.data.sources import open_source
 from gpt.tokenizer import Tokenizer, normalize_spec
 
@@ -30,27 +32,20 @@ class Dataset:
         return sum(len(s) for s in shards)
 
 
-def preparation_settings(data_cfg: dict, identity: str) -> dict:
-    return {
-        "identity": identity,
-        "val_fraction": data_cfg.get("val_fraction", 0.1),
-        "split_by": data_cfg.get("split_by", "documents"),
-        "seed": data_cfg.get("seed", 1337),
-        "max_docs": data_cfg.get("max_docs"),
-        "max_tokens": data_cfg.get("max_tokens"),
-        "shard_tokens": data_cfg.get("shard_tokens", 100_000_000),
-        "num_proc": data_cfg.get("num_proc"),
-    }
+def preparation_settings(data: DataSettings, identity: str) -> dict:
+    """What decides the prepared tokens (with the tokenizer): the fingerprint's input."""
+    keys = ("val_fraction", "split_by", "seed", "max_docs", "max_tokens", "shard_tokens", "num_proc")
+    return {"identity": identity, **{k: getattr(data, k) for k in keys}}
 
 
-def load_data(data_cfg: dict, data_root: str | Path, log=print) -> Dataset:
+def load_data(data: DataSettings, data_root: str | Path, log=print) -> Dataset:
     root = Path(data_root).expanduser()
-    out_dir = root / data_cfg["name"]
-    source = open_source(data_cfg["source"], root, log=log)
-    tokenizer_spec = normalize_spec(dict(data_cfg.get("tokenizer") or {"kind": "char"}))
-    meta = prepare_documents(source.documents, tokenizer_spec, out_dir, preparation_settings(data_cfg, source.identity), log=log)
+    out_dir = root / data.name
+    source = open_source(data.source, root, log=log)
+    tokenizer_spec = normalize_spec(asdict(data.tokenizer))
+    meta = prepare_documents(source.documents, tokenizer_spec, out_dir, preparation_settings(data, source.identity), log=log)
     return Dataset(
-        name=data_cfg["name"],
+        name=data.name,
         train=open_split(out_dir, meta, "train"),
         val=open_split(out_dir, meta, "val"),
         tokenizer=tokenizer_of(meta),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
+from gpt.io import atomic_write
 
 _CHUNK = 1 << 20
 
@@ -38,31 +38,30 @@ def ensure_file(url: str, dest: Path, sha256: str, timeout: float = 30.0, log=pr
             f"move it away (it is not the expected file) and tinygpt will download a fresh copy"
         )
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     log(f"downloading {url} -> {dest}")
     h = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
+        # Written under a temporary name, which becomes `dest` only when the whole file arrived
+        # with the right checksum; a failure, or Ctrl-C, leaves nothing behind.
+        with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=timeout) as response:
             for chunk in iter(lambda: response.read(_CHUNK), b""):
                 h.update(chunk)
                 out.write(chunk)
+            if h.hexdigest() != sha256:
+                raise _ChecksumMismatch(h.hexdigest())
+    except _ChecksumMismatch as e:
+        raise TinyGPTError(
+            f"the file downloaded from {url} has sha256 {e.args[0][:12]}…, expected "
+            f"{sha256[:12]}…; it was discarded. Check the URL (data.source.url) or the checksum"
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as e:
-        part.unlink(missing_ok=True)
         reason = getattr(e, "reason", None) or e
         raise TinyGPTError(
             f"could not download {url} ({reason}); without network, put the file at {dest} "
             f"(sha256 {sha256[:12]}…) or set TINYGPT_DATA_DIR to a folder that holds it"
         ) from None
-    except BaseException:  # Ctrl-C mid-download: leave nothing behind
-        part.unlink(missing_ok=True)
-        raise
-
-    if h.hexdigest() != sha256:
-        part.unlink(missing_ok=True)
-        raise TinyGPTError(
-            f"the file downloaded from {url} has sha256 {h.hexdigest()[:12]}…, expected "
-            f"{sha256[:12]}…; it was discarded. Check the URL (data.source.url) or the checksum"
-        )
-    os.replace(part, dest)
     return dest
+
+
+class _ChecksumMismatch(Exception):
+    pass

@@ -22,11 +22,12 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
+from gpt import io
 from gpt.errors import TinyGPTError
 from gpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
 
@@ -75,20 +76,8 @@ def tokenizer_of(meta: dict) -> Tokenizer:
     return tokenizer_from_dict(meta["tokenizer"])
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _write_tokens(path: Path, tokens: np.ndarray) -> None:
-    _atomic_write_bytes(path, tokens.tobytes())
+    io.write_bytes(path, tokens.tobytes())
 
 
 # --- tokenization in worker processes ----------------------------------------------------------
@@ -188,11 +177,15 @@ def prepare(
 
     stream_path = out_dir / f"stream.tmp-{os.getpid()}"
     try:
-        doc_lengths, seconds = _tokenize_to_stream(documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), log, progress)
+        doc_lengths, seconds = _tokenize_to_stream(
+            documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), log, progress
+        )
         if not doc_lengths:
             raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
         stream = np.memmap(stream_path, dtype=dtype, mode="r") if sum(doc_lengths) else np.zeros(0, dtype)
-        parts = _split(stream, np.array(doc_lengths), val_fraction, settings.get("split_by", "documents"), int(settings.get("seed", 0)))
+        parts = _split(
+            stream, np.array(doc_lengths), val_fraction, settings.get("split_by", "documents"), int(settings.get("seed", 0))
+        )
         shards = {}
         for split in SPLITS:
             shards[split] = _write_shards(out_dir, split, parts[split], int(settings.get("shard_tokens") or 100_000_000))
@@ -212,9 +205,11 @@ def prepare(
         "tokenize_seconds": round(seconds, 3),
         "num_proc": num_proc,
     }
-    _atomic_write_bytes(out_dir / "meta.json", json.dumps(meta, indent=1).encode())
-    log(f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
-        f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))")
+    io.write_json(out_dir / "meta.json", meta)
+    log(
+        f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
+        f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))"
+    )
     return meta
 
 
@@ -222,9 +217,12 @@ def _remove_dead_temporaries(out_dir: Path) -> None:
     """Temporaries of a preparation that was killed; a live writer's (another process preparing
     right now) are left alone."""
     for tmp in out_dir.glob("*.tmp-*"):
+        owner = io.temporary_owner(tmp)
+        if owner is None:
+            continue
         try:
-            os.kill(int(tmp.name.rsplit("-", 1)[1]), 0)
-        except (ValueError, ProcessLookupError):
+            os.kill(owner, 0)
+        except ProcessLookupError:
             tmp.unlink(missing_ok=True)
         except PermissionError:
             pass  # alive, owned by someone else

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
+from gpt.config import SourceSettings
 from gpt.data.download import ensure_file
 from gpt.errors import TinyGPTError
 
@@ -26,77 +27,85 @@ class Source:
     identity: str  # changes whenever the documents may have; cheap to compute
 
 
-def open_source(src: dict, data_root: Path, log=print) -> Source:
+def open_source(src: SourceSettings, data_root: Path, log=print) -> Source:
     """The source's identity now, its documents when iterated: prepared data whose fingerprint
     matches is reused without touching the network or the raw files."""
-    kind = src.get("kind", "url")
-    if kind == "url":
-        return Source(_url_documents(src, data_root, log), f"url sha256={src['sha256']}")
-    if kind == "hub":
-        ident = f"hub {src['path']} {src.get('config')} {src.get('split', 'train')} rev={src.get('revision')} field={src.get('text_field', 'text')}"
+    if src.kind == "url":
+        return Source(_url_documents(src, data_root, log), f"url sha256={src.sha256}")
+    if src.kind == "hub":
+        ident = f"hub {src.path} {src.config} {src.split} rev={src.revision} field={src.text_field}"
         return Source(_hub(src), ident)
-    if kind == "disk":
-        path = Path(src["path"]).expanduser()
+    if src.kind == "disk":
+        path = Path(src.path).expanduser()
         if not path.exists():
             raise TinyGPTError(f"data.source.path={path} does not exist; point it at a folder written by datasets' save_to_disk")
         stamp = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(path.rglob("*")) if p.is_file())
-        return Source(_disk(src), f"disk {path} {src.get('split')} {src.get('text_field', 'text')} {stamp}")
-    if kind == "local":
-        files = local_files(str(src["path"]))
+        return Source(_disk(src), f"disk {path} {src.split} {src.text_field} {stamp}")
+    if src.kind == "local":
+        files = local_files(str(src.path))
         stamp = ";".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-        return Source(_local(src, files), f"local {src.get('doc_unit', 'file')} {src.get('text_field', 'text')} {stamp}")
-    raise TinyGPTError(f"data.source.kind={kind!r} is unknown; use url, hub, disk or local")
+        return Source(_local(src, files), f"local {src.doc_unit} {src.text_field} {stamp}")
+    raise TinyGPTError(f"data.source.kind={src.kind!r} is unknown; use url, hub, disk or local")
 
 
-def _url_documents(src: dict, data_root: Path, log) -> Iterator[str]:
-    path = ensure_file(src["url"], data_root / src["filename"], src["sha256"], log=log)
+def _url_documents(src: SourceSettings, data_root: Path, log) -> Iterator[str]:
+    path = ensure_file(src.url, data_root / src.filename, src.sha256, log=log)
     yield path.read_text(encoding="utf-8")
 
 
 def _texts(dataset, field: str, where: str) -> Iterator[str]:
     columns = getattr(dataset, "column_names", None)
     if columns is not None and field not in columns:
-        raise TinyGPTError(f"{where} has no text field {field!r}; its fields are {', '.join(columns)} (set data.source.text_field)")
+        raise TinyGPTError(
+            f"{where} has no text field {field!r}; its fields are {', '.join(columns)} (set data.source.text_field)"
+        )
     for record in dataset:
         if field not in record:  # streaming datasets only tell us here
-            raise TinyGPTError(f"{where} has no text field {field!r}; its fields are {', '.join(record)} (set data.source.text_field)")
+            raise TinyGPTError(
+                f"{where} has no text field {field!r}; its fields are {', '.join(record)} (set data.source.text_field)"
+            )
         text = record[field]
         if text and not text.isspace():  # blank lines/records are not documents
             yield text
 
 
-def _hub(src: dict) -> Iterator[str]:
+def _hub(src: SourceSettings) -> Iterator[str]:
     import datasets
 
-    name, config, split = src["path"], src.get("config"), src.get("split", "train")
+    name, config, split = src.path, src.config, src.split
     where = f"Hub dataset {name}" + (f" ({config})" if config else "") + f" split {split}"
     try:
-        ds = datasets.load_dataset(name, config, split=split, streaming=bool(src.get("streaming")), revision=src.get("revision"))
+        ds = datasets.load_dataset(name, config, split=split, streaming=src.streaming, revision=src.revision)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
-        if os.environ.get("HF_HUB_OFFLINE") == "1" or "offline" in str(e).lower() or "connect" in str(e).lower() or "resolve" in str(e).lower():
+        if (
+            os.environ.get("HF_HUB_OFFLINE") == "1"
+            or "offline" in str(e).lower()
+            or "connect" in str(e).lower()
+            or "resolve" in str(e).lower()
+        ):
             raise TinyGPTError(
                 f"cannot reach {where} (offline?); download it once with network (it is then cached), or save it with "
                 f"datasets' save_to_disk and use data.source.kind=disk data.source.path=<folder>, or point "
                 f"data.source.kind=local at its files"
             ) from None
         raise TinyGPTError(f"cannot load {where}: {str(e).splitlines()[0]}") from None
-    yield from _texts(ds, src.get("text_field", "text"), where)
+    yield from _texts(ds, src.text_field, where)
 
 
-def _disk(src: dict) -> Iterator[str]:
+def _disk(src: SourceSettings) -> Iterator[str]:
     import datasets
 
-    path = Path(src["path"]).expanduser()
+    path = Path(src.path).expanduser()
     try:
         ds = datasets.load_from_disk(str(path))
     except FileNotFoundError:
         raise TinyGPTError(f"{path} is not a dataset written by datasets' save_to_disk (no dataset_info/state files)") from None
     if isinstance(ds, datasets.DatasetDict):
-        split = src.get("split", "train")
+        split = src.split
         if split not in ds:
             raise TinyGPTError(f"{path} has splits {', '.join(ds)}, not {split!r}; set data.source.split")
         ds = ds[split]
-    yield from _texts(ds, src.get("text_field", "text"), str(path))
+    yield from _texts(ds, src.text_field, str(path))
 
 
 def local_files(pattern: str) -> list[Path]:
@@ -118,24 +127,28 @@ def local_files(pattern: str) -> list[Path]:
     return files
 
 
-def _local(src: dict, files: list[Path]) -> Iterator[str]:
+def _local(src: SourceSettings, files: list[Path]) -> Iterator[str]:
     import datasets
 
     builders = {LOCAL_SUFFIXES[p.suffix] for p in files}
     if len(builders) > 1:
-        raise TinyGPTError(f"data.source.path mixes text and record files ({', '.join(sorted(builders))}); use one kind per corpus")
+        raise TinyGPTError(
+            f"data.source.path mixes text and record files ({', '.join(sorted(builders))}); use one kind per corpus"
+        )
     builder = builders.pop()
-    unit = src.get("doc_unit", "file")
+    unit = src.doc_unit
     kwargs = {}
     if builder == "text":
         if unit not in ("file", "line", "paragraph"):
             raise TinyGPTError(f"data.source.doc_unit={unit!r}: use file, line or paragraph for text files")
         kwargs["sample_by"] = {"file": "document", "line": "line", "paragraph": "paragraph"}[unit]
         kwargs["keep_linebreaks"] = True  # a line's newline is part of the text (char models have no end-of-text)
-    field = "text" if builder == "text" else src.get("text_field", "text")
+    field = "text" if builder == "text" else src.text_field
     try:
         ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
     except Exception as e:  # datasets wraps parse errors of malformed files in its own types
         cause = e.__cause__ or e
-        raise TinyGPTError(f"cannot read {src['path']} as {builder} files: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}") from None
-    yield from _texts(ds, field, str(src["path"]))
+        raise TinyGPTError(
+            f"cannot read {src.path} as {builder} files: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}"
+        ) from None
+    yield from _texts(ds, field, str(src.path))

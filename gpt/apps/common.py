@@ -1,0 +1,179 @@
+"""What every command shares: where the configs are, composing them into settings with a
+one-line error for any mistake, and running a command so that a user's mistake ends in
+`error: <what is wrong and how to fix it>` (exit status 2) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import NoReturn, TypeVar
+
+from gpt.config import MuonSettings, register_schemas
+from gpt.errors import TinyGPTError
+from gpt.preemption import Preempted
+
+T = TypeVar("T")
+_CONVERSIONS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def config_dir() -> Path:
+    """configs/ inside the installed package (a wheel), or beside the package (a checkout)."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "configs", package.parent / "configs"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    fail(f"tinygpt's configs are missing (looked in {package / 'configs'} and {package.parent / 'configs'}); reinstall tinygpt")
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def guard(fn: Callable[[], T]) -> T:
+    """Run fn; a TinyGPTError becomes `error: <message>` on stderr and exit status 2."""
+    try:
+        return fn()
+    except TinyGPTError as e:
+        _log_to_files(f"error: {e}")
+        fail(str(e))
+    except Preempted:  # checkpoint saved and resume command printed: a clean exit
+        sys.exit(0)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a traceback
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _log_to_files(message: str) -> None:
+    """Record the error in the run's log file (under Hydra) without printing it twice."""
+    record = logging.makeLogRecord({"msg": message, "levelno": logging.ERROR, "levelname": "ERROR"})
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+# --- composing configs -------------------------------------------------------------------------
+
+
+def check_choices(overrides: list[str]) -> None:
+    """`group=option` naming no config file: one line with the choices (Hydra's own report is a
+    dozen lines). Sweep values (`model=a,b`) are checked one by one."""
+    root = config_dir()
+    for arg in overrides:
+        key, eq, value = arg.partition("=")
+        group = key.lstrip("+~")
+        folder = root / group
+        if (
+            not eq
+            or arg.startswith("-")
+            or "/" in group
+            or "." in group
+            or not folder.is_dir()
+            or "(" in value
+            or value in ("", "null")
+        ):
+            continue
+        choices = sorted(p.stem for p in folder.glob("*.yaml"))
+        for option in value.split(","):
+            if option not in choices:
+                raise TinyGPTError(f"unknown {group} config {option!r}; choose one of: {', '.join(choices)} (files in {folder})")
+
+
+def compose(config_name: str, overrides: list[str], command: str = "tinygpt train"):
+    """The settings object that `configs/<config_name>.yaml` + overrides make (gpt.config's
+    dataclasses, validated), or a TinyGPTError that says in one line what is wrong."""
+    return settings_of(compose_raw(config_name, overrides, command))
+
+
+def compose_raw(config_name: str, overrides: list[str], command: str = "tinygpt train"):
+    """The composed DictConfig (Hydra's compose API: no run directory, no logging set-up)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_choices(overrides)
+    register_schemas()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise TinyGPTError(explain(e, command)) from None
+
+
+def settings_of(cfg):
+    """The dataclasses behind a composed config, instantiated (so their checks run)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise TinyGPTError(explain(e)) from None
+
+
+def explain(error: Exception, command: str = "tinygpt train") -> str:
+    """One line for a Hydra / OmegaConf error: which key, what is wrong, how to fix it."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
+
+    cause = error
+    while cause.__cause__ is not None and not getattr(cause, "full_key", None):
+        cause = cause.__cause__
+    key = getattr(cause, "full_key", None)
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:
+        section, _, leaf = key.rpartition(".")
+        # A real optim setting the composed group lacks: one of optim=muon's, under optim=adamw.
+        if section == "optim" and leaf in {f.name for f in fields(MuonSettings)}:
+            return f"{key} is a Muon setting and this run uses optim=adamw (an experiment may pin it); add optim=muon"
+        return f"unknown setting {key!r}; list the valid keys with `{command} --cfg job`"
+    if isinstance(cause, MissingMandatoryValue) and key:
+        return f"{key} is required; set it on the command line, e.g. {key}=..."
+    if isinstance(cause, ValidationError) and key and "could not be converted to" in first:
+        want = _CONVERSIONS.get(first.rsplit(" ", 1)[-1], first.rsplit(" ", 1)[-1])
+        return f"{key} must be {want}, got {getattr(cause, 'value', None)!r}"
+    return first
+
+
+def take_verbatim(argv: list[str], key: str) -> tuple[list[str], str | None]:
+    """Remove `key=value` from argv and return its value untouched by Hydra's override grammar,
+    which rejects non-ASCII text and resolves `${...}`; free text such as a prompt needs neither."""
+    rest, value = [], None
+    for arg in argv:
+        if arg.startswith(f"{key}="):
+            value = arg[len(key) + 1 :]
+        else:
+            rest.append(arg)
+    return rest, value
+
+
+def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: Callable[[object], T]) -> T:
+    """A compose-API command: `--help` prints doc and the settings with their defaults, `--cfg`
+    the composed settings; otherwise compose argv and call fn(settings), mistakes in one line."""
+    from omegaconf import OmegaConf
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc.strip() + "\n\nSettings (key=value), with their defaults:\n")
+        print(OmegaConf.to_yaml(guard(lambda: compose_raw(config_name, [], command))), end="")
+        sys.exit(0)
+    if any(a in ("-c", "--cfg") or a.startswith("--cfg=") for a in argv):
+        overrides = [a for a in argv if not a.startswith("-") and a not in ("job", "all")]
+        print(OmegaConf.to_yaml(guard(lambda: compose_raw(config_name, overrides, command))), end="")
+        sys.exit(0)
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:
+        fail(f"unknown option {flags[0]!r} for `{command}`; settings are key=value (see `{command} --help`)")
+    return guard(lambda: fn(compose(config_name, argv, command)))
+
+
+# --- processes and run directories -------------------------------------------------------------
+
+
+def rank() -> int:
+    """This process's rank under torchrun or SLURM (see gpt.distributed.from_env), 0 alone."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0") if "SLURM_NTASKS" in os.environ else "0"))

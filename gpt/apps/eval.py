@@ -1,0 +1,67 @@
+"""Loss, perplexity and bits per byte of a model on its data's split or on a text file:
+
+    tinygpt eval                                                   # the newest run, on its val split
+    tinygpt eval run_dir=outputs/runs/<stamp> split=train max_tokens=200000
+    tinygpt eval ckpt=outputs/runs/<stamp>/checkpoints/best.pt data=shakespeare   # another dataset
+    tinygpt eval init_from=gpt2 text_file=essay.txt
+    tinygpt eval paths.runs_dir=elsewhere                          # the newest run under another folder
+
+Settings and defaults: gpt/config.py (EvalConfig).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpt.apps import common
+from gpt.config import EvalConfig
+from gpt.errors import TinyGPTError
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    common.run_command(argv, "eval", "tinygpt eval", __doc__, evaluate)
+
+
+def evaluate(s: EvalConfig) -> dict:
+    import numpy as np
+
+    from gpt import loading, runtime
+    from gpt.evaluation import evaluate_tokens
+
+    rt = runtime.setup(s.device, "auto", False)
+    loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
+    tokenizer = loaded.tokenizer()
+    if s.text_file:
+        path = Path(s.text_file).expanduser()
+        if not path.is_file():
+            raise TinyGPTError(f"text_file {path} does not exist")
+        tokens, source = np.array(tokenizer.encode(path.read_text(encoding="utf-8")), dtype=np.int64), str(path)
+    else:
+        tokens, source = _split_tokens(s, loaded)
+    r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens)
+    print(
+        f"{loaded.source} on {source}: {r['tokens']:,} tokens ({r['bytes']:,} bytes): loss {r['loss']:.4f}, "
+        f"perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
+    )
+    return r
+
+
+def _split_tokens(s: EvalConfig, loaded):
+    """The tokens of a prepared split: of data=<name> when given, else of the model's own data."""
+    from gpt.config import DataSettings, from_dict
+    from gpt.data import load_data
+    from gpt.evaluation import split_tokens
+    from gpt.tokenizer import tokenizer_identity
+
+    data_settings = s.data
+    if data_settings is None:
+        trained_on = (loaded.checkpoint.config if loaded.checkpoint else {}).get("data")
+        if not trained_on:
+            raise TinyGPTError(f"{loaded.source} carries no data settings; pass text_file=<file> or data=<name>")
+        data_settings = from_dict(DataSettings, trained_on, "data")
+    data = load_data(data_settings, s.paths.data_root(), log=lambda *a: None)
+    if tokenizer_identity(data.tokenizer.to_dict()) != tokenizer_identity(loaded.tokenizer_spec):
+        raise TinyGPTError(f"data {data.name} uses another tokenizer than the model; pick data prepared with the model's")
+    return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"

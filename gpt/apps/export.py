@@ -1,0 +1,33 @@
+"""Export a checkpoint to a Hugging Face GPT-2 folder:
+
+    tinygpt export run_dir=outputs/runs/<stamp> out=hf_model
+    tinygpt export ckpt=path/to/best.pt out=hf_model
+    tinygpt export out=hf_model                 # the newest run under paths.runs_dir
+
+Then `transformers.GPT2LMHeadModel.from_pretrained("hf_model")` loads it (LoRA adapters are
+merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer).
+Settings and defaults: gpt/config.py (ExportConfig).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpt.apps import common
+from gpt.config import ExportConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    common.run_command(argv, "export", "tinygpt export", __doc__, export)
+
+
+def export(s: ExportConfig) -> Path:
+    from gpt import loading
+    from gpt.pretrained import export_hf
+
+    loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
+    out = export_hf(loaded.model, loaded.tokenizer(), s.out)
+    print(f"exported {loaded.source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
+    return out

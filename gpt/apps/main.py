@@ -1,0 +1,32 @@
+"""`tinygpt <command> [key=value ...]`: one console command for everything.
+
+    tinygpt train   [key=value ...] [-m]   train a model (a sweep with -m)
+    tinygpt sample  [key=value ...]        generate text from a trained model
+    tinygpt eval    [key=value ...]        loss, perplexity, bits per byte
+    tinygpt export  out=<folder> ...       a checkpoint to a Hugging Face GPT-2 folder
+    tinygpt prepare [key=value ...]        tokenize a dataset ahead of training
+    tinygpt sweep   <sweep dir>            a sweep's leaderboard and val curves
+
+`tinygpt <command> --help` lists a command's settings with their defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from gpt.apps.common import fail
+
+COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        fail(f"unknown command {command!r}; use one of: {', '.join(COMMANDS)} (tinygpt --help)")
+    sys.argv = [f"tinygpt {command}", *rest]
+    importlib.import_module(f"gpt.apps.{command}").main(rest)

@@ -1,0 +1,136 @@
+"""Generate text from a trained model: `tinygpt sample [key=value ...]` (or `python sample.py`).
+
+    tinygpt sample                                   # best checkpoint of the most recent run
+    tinygpt sample run_dir=outputs/runs/<stamp> prompt="ROMEO:" num_samples=5 top_p=0.9
+    tinygpt sample init_from=gpt2 prompt="The meaning of life is"
+    echo "First Citizen:" | tinygpt sample prompt=-
+    tinygpt sample prompt_file=prompts.jsonl stream=false out_file=samples.jsonl
+
+The prompt is taken verbatim (any Unicode, no Hydra quoting). Samples go to stdout, status
+lines to stderr. Settings and defaults: gpt/config.py (SampleConfig; the generation controls
+are SamplingSettings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from gpt.apps import common
+from gpt.config import SampleConfig
+from gpt.errors import TinyGPTError
+
+_COMMAND = "tinygpt sample"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, prompt = common.take_verbatim(argv, "prompt")
+
+    def run(settings: SampleConfig):
+        if prompt is not None:
+            settings.prompt = prompt
+        return sample(settings, out=sys.stdout, status=sys.stderr)
+
+    common.run_command(argv, "sample", _COMMAND, __doc__, run)
+
+
+def read_prompts(s: SampleConfig, stdin: TextIO | None = None) -> list[str]:
+    """The prompt(s): `prompt` as typed, `prompt=-` for stdin, or `prompt_file` (a .jsonl file
+    holds one prompt per line, as a string or {"prompt": ...}; any other file is one prompt)."""
+    if s.prompt_file:
+        path = Path(s.prompt_file).expanduser()
+        if not path.is_file():
+            raise TinyGPTError(f"prompt_file {path} does not exist; check the path or pass prompt='text'")
+        text = path.read_text(encoding="utf-8")
+        return _jsonl_prompts(path, text) if path.suffix == ".jsonl" else [text]
+    if s.prompt == "-":
+        return [(stdin or sys.stdin).read()]
+    return [s.prompt]
+
+
+def _jsonl_prompts(path: Path, text: str) -> list[str]:
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise TinyGPTError(f'{path}:{n} is not valid JSON; write one JSON string or {{"prompt": ...}} per line') from None
+        prompts.append(item["prompt"] if isinstance(item, dict) and "prompt" in item else item)
+        if not isinstance(prompts[-1], str):
+            raise TinyGPTError(f'{path}:{n} holds no prompt string; write one JSON string or {{"prompt": ...}} per line')
+    if not prompts:
+        raise TinyGPTError(f"{path} holds no prompts")
+    return prompts
+
+
+def sample(
+    s: SampleConfig, out: TextIO | None = None, status: TextIO | None = None, stdin: TextIO | None = None
+) -> list[list[str]]:
+    """Generate per the settings; result[i][j] is sample j of prompt i. Samples stream to `out`
+    as they are generated (stream=true), or come as one padded batch; status lines go to
+    `status`. None for either prints nothing (the Python API)."""
+    from gpt import loading, runtime
+
+    prompts = read_prompts(s, stdin)
+    rt = runtime.setup(s.device, s.dtype, s.compile)
+    loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))
+    model, tokenizer = loaded.model.to(rt.device), loaded.tokenizer()
+    if hasattr(tokenizer, "unknown_chars"):  # fail before any output, not mid-way
+        for p in prompts:
+            tokenizer.encode(p)
+    if rt.compile:
+        model.compile()  # in place, so the decoder's forward calls run compiled
+    ckpt = loaded.checkpoint
+    where = f"step {ckpt.step}, val loss {ckpt.best_val_loss:.4f}" if ckpt else "pretrained"
+    _say(status, f"sampling from {loaded.source} ({where}; {rt.describe()})")
+    t0 = time.time()
+    with rt.autocast():
+        results = _generate(model, tokenizer, prompts, s, out)
+    _say(status, f"generated {sum(len(t) for r in results for t in r)} characters in {time.time() - t0:.1f} s")
+    if s.out_file:
+        write_jsonl(Path(s.out_file).expanduser(), prompts, results, s, loaded.source)
+    return results
+
+
+def _generate(model, tokenizer, prompts: list[str], s: SampleConfig, out: TextIO | None) -> list[list[str]]:
+    from gpt.generation import generate, stream
+
+    total = len(prompts) * s.num_samples
+    if not s.stream:
+        results = generate(model, tokenizer, prompts, s, num_samples=s.num_samples)
+        for i, prompt in enumerate(prompts):
+            for j, text in enumerate(results[i]):
+                _say(out, f"---------- sample {i * s.num_samples + j + 1}/{total} ----------\n{prompt}{text}")
+        return results
+    results: list[list[str]] = [[] for _ in prompts]
+    for i, prompt in enumerate(prompts):
+        for j in range(s.num_samples):
+            _say(out, f"---------- sample {i * s.num_samples + j + 1}/{total} ----------\n{prompt}", end="")
+            text = ""
+            for piece in stream(model, tokenizer, prompt, s, sample_index=j):
+                text += piece
+                _say(out, piece, end="")
+            _say(out, "")
+            results[i].append(text)
+    return results
+
+
+def _say(stream: TextIO | None, text: str, end: str = "\n") -> None:
+    if stream is not None:
+        print(text, end=end, file=stream, flush=True)
+
+
+def write_jsonl(path: Path, prompts: list[str], results: list[list[str]], s: SampleConfig, source: str) -> None:
+    settings = s.sampling_only()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:  # append: earlier samples are kept
+        for prompt, texts in zip(prompts, results):
+            for j, text in enumerate(texts):
+                record = {"checkpoint": source, "prompt": prompt, "sample": j, "text": text, "settings": settings}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -1,0 +1,93 @@
+"""Train a model: `tinygpt train [key=value ...]` (or `python train.py ...` in a checkout), a
+sweep with `-m` (`tinygpt train -m optim.lr=1e-3,3e-4`). `--cfg job` prints the composed
+config, `--help` Hydra's help. The settings and their defaults: gpt/config.py (RunConfig).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpt.apps import common
+from gpt.config import RunConfig
+from gpt.errors import TinyGPTError
+
+_COMMAND = "tinygpt train"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    own = [a for a in overrides if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        # Check everything before Hydra creates a run directory or rewrites an earlier run's
+        # record; a sweep's comma lists only make sense to its sweeper, which composes each job.
+        common.guard(lambda: common.check_choices(own) if multirun else preflight(common.compose("config", own, _COMMAND)))
+        common.guard(lambda: protect_earlier_run(overrides))
+    _hydra_main([*argv, *quiet_non_zero_ranks()])
+
+
+def preflight(settings: RunConfig) -> None:
+    """The checks that need no data (the model shape; the rest ran when the settings were built)."""
+    from gpt import architectures, runtime
+
+    architectures.config_from_settings(settings.model, vocab_size=1)
+    device, _ = runtime.pick_device(settings.device)
+    runtime.pick_dtype(device, settings.dtype)
+    runtime.pick_compile(device, settings.compile)
+
+
+def protect_earlier_run(overrides: list[str]) -> None:
+    """Training into a directory that already holds a run resumes it (resume=auto) or is refused
+    (resume=false). Either way Hydra would overwrite that run's .hydra/ record before any of our
+    code runs: refuse first, or keep the earlier record as .hydra-<n>/."""
+    from gpt import checkpoint
+
+    values = dict(a.split("=", 1) for a in overrides)
+    if "hydra.run.dir" not in values or common.rank() != 0:
+        return
+    run_dir = Path(values["hydra.run.dir"]).expanduser()
+    if not checkpoint.has_run(run_dir):
+        return
+    if checkpoint.parse_resume(values.get("resume", "auto")) == checkpoint.NEVER:
+        raise TinyGPTError(f"{run_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
+    record = run_dir / ".hydra"
+    if record.is_dir():
+        n = 1
+        while (run_dir / f".hydra-{n}").exists():
+            n += 1
+        record.rename(run_dir / f".hydra-{n}")
+
+
+def quiet_non_zero_ranks() -> list[str]:
+    """Under torchrun every rank runs the Hydra app; only rank 0 may create the run directory
+    and its logs (the trainer hands rank 0's directory to the others)."""
+    if common.rank() == 0:
+        return []
+    return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
+def _hydra_main(argv: list[str]) -> None:
+    import hydra
+
+    common.register_schemas()
+    sys.argv = [sys.argv[0], *argv]
+    hydra.main(version_base="1.3", config_path=str(common.config_dir()), config_name="config")(_task)()
+
+
+def _task(cfg) -> float:
+    """One training job (a multirun calls it once per job); returns what sweepers minimise."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from gpt.training import train  # imported here so that `--help` and config errors stay fast
+
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+
+    def run() -> float:
+        settings = common.settings_of(cfg)
+        settings.paths.output_dir = settings.paths.output_dir or hydra_cfg.runtime.output_dir
+        return train(settings, overrides=overrides)["best_val_loss"]
+
+    return common.guard(run)

@@ -1,0 +1,144 @@
+"""Sweep summaries: a leaderboard (Markdown + CSV) and a plot of every run's val-loss curve.
+
+Written when a multirun ends (gpt.apps.sweep.LeaderboardCallback, registered in
+configs/hydra/default.yaml), or on demand: `tinygpt sweep outputs/sweeps/<stamp>`.
+
+Runs that crashed, were interrupted, are still running or left no summary are listed too,
+marked as such, below the finished ones of equal loss.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from gpt import io
+from gpt.errors import TinyGPTError
+from gpt.io import atomic_write
+
+COLUMNS = ["rank", "run", "status", "best_val_loss", "final_val_loss", "step", "tokens_per_s", "params", "wall_s", "overrides"]
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _val_curve(run_dir: Path) -> list[tuple[int, float]]:
+    curve = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return curve
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if record.get("kind") == "eval":
+            curve.append((record["step"], record["val"]))
+    return curve
+
+
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    """Hydra names job folders 0, 1, 2, ...; anything else in the sweep folder is not a job."""
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def collect(sweep_dir: Path) -> list[dict]:
+    rows = []
+    for job in _job_dirs(sweep_dir):
+        summary = _read_json(job / "summary.json") or {}
+        rows.append(
+            {
+                "run": job.name,
+                "status": summary.get("status", "no summary"),
+                "best_val_loss": summary.get("best_val_loss"),
+                "final_val_loss": summary.get("final_val_loss"),
+                "step": summary.get("step"),
+                "tokens_per_s": summary.get("tokens_per_s"),
+                "params": summary.get("params"),
+                "wall_s": summary.get("wall_s"),
+                "overrides": list(summary.get("overrides") or []),
+                "curve": _val_curve(job),
+            }
+        )
+
+    def key(row):
+        loss = row["best_val_loss"]
+        usable = isinstance(loss, (int, float)) and math.isfinite(loss)
+        return (not usable, loss if usable else 0.0, row["status"] != "finished", int(row["run"]))
+
+    # Show what sets runs apart: the overrides that are not common to every run of the sweep.
+    common = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
+    for row in rows:
+        row["overrides"] = " ".join(o for o in row["overrides"] if o not in common)
+    rows.sort(key=key)
+    for i, row in enumerate(rows, 1):
+        row["rank"] = i
+    return rows
+
+
+def _fmt(column: str, value) -> str:
+    if value is None:
+        return ""
+    if column.endswith("loss"):
+        return f"{value:.4f}"
+    if column == "wall_s":
+        return f"{value:.1f}"
+    if isinstance(value, (int, float)) and column != "run":
+        return f"{value:,.0f}"
+    return str(value)
+
+
+def write_leaderboard(sweep_dir: str | Path) -> list[dict]:
+    """Write leaderboard.md, leaderboard.csv and val_curves.png into sweep_dir; return the rows."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise TinyGPTError(f"sweep directory {sweep_dir} does not exist; pass the folder of a multirun (outputs/sweeps/<stamp>)")
+    rows = collect(sweep_dir)
+    with atomic_write(sweep_dir / "leaderboard.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} run(s), sorted by best val loss", ""]
+    if rows:
+        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(_fmt(c, row[c]) for c in COLUMNS) + " |" for row in rows]
+    else:
+        lines.append("No runs yet.")
+    io.write_bytes(sweep_dir / "leaderboard.md", ("\n".join(lines) + "\n").encode())
+    plot_curves(rows, sweep_dir / "val_curves.png")
+    return rows
+
+
+def plot_curves(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    for row in rows:
+        if row["curve"]:
+            steps, losses = zip(*row["curve"])
+            label = f"{row['run']}: {row['overrides'] or '(defaults)'}"
+            if row["status"] != "finished":
+                label += f" [{row['status']}]"
+            ax.plot(steps, losses, marker="o", markersize=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("val loss")
+    ax.set_title(f"{path.parent.name}: validation loss")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png")
+    plt.close(fig)

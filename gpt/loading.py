@@ -1,0 +1,87 @@
+"""One way to get a model and its tokenizer from what a user names: a tinygpt checkpoint file,
+a run directory (its best.pt), a Hugging Face GPT-2 (Hub name or folder), or nothing (the
+newest run under the runs folder). Used by sampling, evaluation, export and finetuning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.nn as nn
+
+from gpt import architectures, checkpoint
+from gpt.checkpoint import Checkpoint
+from gpt.errors import TinyGPTError
+from gpt.tokenizer import Tokenizer, tokenizer_from_dict
+
+
+@dataclass
+class Loaded:
+    model: nn.Module  # on the CPU, in eval mode
+    tokenizer_spec: dict  # the tokenizer's dict form: comparable with the data's without building it
+    source: str  # what was loaded, for messages: a checkpoint path or a pretrained name/folder
+    checkpoint: Checkpoint | None = None  # None for Hugging Face models
+
+    def tokenizer(self) -> Tokenizer:
+        return tokenizer_from_dict(self.tokenizer_spec)
+
+
+def choose(
+    ckpt: str | None = None, run_dir: str | None = None, init_from: str | None = None, runs_dir: str | Path = checkpoint.RUNS_DIR
+) -> str:
+    """What the command-line choices (ckpt=, run_dir=, init_from=, else the newest run) name."""
+    if init_from:
+        return init_from
+    return str(checkpoint.resolve(ckpt, run_dir, runs_dir))
+
+
+def load(source: str, dropout: float | None = None) -> Loaded:
+    """A Hugging Face GPT-2 (Hub name or folder with config.json), a tinygpt checkpoint, or a run
+    directory (its best.pt, else its newest step checkpoint). `dropout` replaces the model's."""
+    from gpt import pretrained
+
+    if pretrained.is_hf_source(source):
+        model, tokenizer = pretrained.load_hf_gpt2(source, dropout or 0.0)
+        if tokenizer is None:
+            raise TinyGPTError(
+                f"{source} has a vocabulary of {model.config.vocab_size}, not GPT-2's, and no tinygpt_tokenizer.json"
+            )
+        return Loaded(model.eval(), tokenizer, source)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise TinyGPTError(
+            f"init_from={source} is not a GPT-2 name ({', '.join(pretrained.HUB_MODELS)}), a folder or a checkpoint file"
+        )
+    path = checkpoint.checkpoint_in_run(path) if path.is_dir() else path
+    ckpt = checkpoint.load(path)
+    return Loaded(model_from_checkpoint(ckpt, dropout).eval(), ckpt.tokenizer, str(path), ckpt)
+
+
+def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:
+    """The plain model in a checkpoint; a LoRA finetune's adapters are folded in."""
+    from gpt.lora import apply_lora, merge_lora
+
+    config = dict(ckpt.model_config)
+    if dropout is not None:
+        config["dropout"] = dropout
+    model = architectures.build(architectures.config_from_dict(config))
+    if ckpt.lora:
+        apply_lora(model, ckpt.lora["rank"], ckpt.lora["alpha"])
+        _load_weights(model, ckpt)
+        merge_lora(model)
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        _load_weights(model, ckpt)
+    return model
+
+
+def _load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
+    try:
+        model.load_state_dict(ckpt.model)
+    except RuntimeError as e:
+        detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
+        raise TinyGPTError(
+            f"the checkpoint's weights do not fit its own model settings ({detail}); it is damaged or was edited"
+        ) from None

@@ -1,0 +1,35 @@
+"""Training: `build_run` (gpt.training.setup) builds everything once, `Trainer` (gpt.training.loop)
+runs the loop, and `train` does both for a settings object.
+
+    from gpt.config import ...; from gpt.training import train
+    summary = train(settings)           # or from the command line: tinygpt train key=value ...
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from gpt import distributed
+from gpt.config import RunConfig
+from gpt.training.loop import EvalHook, StepHook, Trainer, train_step
+from gpt.training.setup import Run, build_run
+
+__all__ = ["Run", "Trainer", "build_run", "train", "train_step"]
+
+
+def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | None = None, overrides=()) -> dict:
+    """Train per `cfg` (resuming if its run directory holds a checkpoint); returns the run's
+    summary (status, best and final val loss, steps, speed: what summary.json holds). Raises
+    `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. Always releases the
+    process group and, between the jobs of a multirun, the memory."""
+    started = time.time()
+    try:
+        return Trainer(build_run(cfg), overrides, started).fit(on_step, on_eval)
+    finally:
+        distributed.shutdown()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,308 @@
+"""The training loop over a built `Run`: `step()` (one optimizer step), `evaluate()`, `save()`,
+and `fit()`, which runs them on the configured cadence with logging, checkpoints, a clean stop
+on SIGTERM / Ctrl-C, and the run's records (TensorBoard, metrics.jsonl, summary.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from gpt import architectures, checkpoint, distributed, runtime
+from gpt.checkpoint import Checkpoint, TrainingState
+from gpt.config import SamplingSettings
+from gpt.data.loader import RandomWindows
+from gpt.errors import TinyGPTError
+from gpt.generation import generate
+from gpt.lora import merged_state_dict
+from gpt.preemption import Preempted, StopRequest
+from gpt.tracking import RunRecords, console_redirected, logger
+from gpt.training.setup import Run
+
+StepHook = Callable[[int, float], None]  # (step just finished, its loss)
+EvalHook = Callable[[int, dict], None]  # (step, {"train": loss, "val": loss}); may raise to stop
+
+
+def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward/backward over `accum_steps` micro-batches, then clip. Returns (mean loss, grad
+    norm) as tensors, without stepping the optimizer: the caller first checks they are finite.
+    Reading them forces a host sync, so the caller decides when."""
+    total = torch.zeros((), device=rt.device)
+    for micro in range(accum_steps):
+        x, y = batches.next()
+        # Under DDP, gradients are all-reduced on the last micro-batch only.
+        sync = micro == accum_steps - 1 or not isinstance(model, DDP)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with rt.autocast():  # the forward pass only; backward runs in the dtypes it recorded
+                _, loss = model(x, y)
+            # Each micro-batch contributes 1/accum_steps, so the summed gradient is the mean
+            # over the whole batch, as if it had been one forward pass.
+            scaler.scale(loss / accum_steps).backward()
+        total += loss.detach()
+    scaler.unscale_(optimizer)  # clip and measure true gradients, not loss-scaled ones
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    return total / accum_steps, norm
+
+
+class Trainer:
+    def __init__(self, run: Run, overrides: list[str] | tuple[str, ...] = (), started: float | None = None):
+        """`overrides`: the command line's, recorded in summary.json; `started`: when the run
+        began (its set-up included in the reported wall time)."""
+        self.run, self.ts = run, run.cfg.train
+        self.overrides = list(overrides)
+        self.t_start = started or time.time()
+        self.peak_flops = runtime.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
+        self.lr, self.tokens_per_s = 0.0, 0.0
+        self.last_eval: dict[str, float] = {}
+        self.evals_done = 0
+        self.histograms_due = False
+        self.records = RunRecords()  # fit() opens the real ones on rank 0
+
+    # --- the public steps ------------------------------------------------------------------------
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step (with accumulation, clipping and the non-finite guard); returns the
+        mean loss and the gradient norm as tensors (reading them syncs with the device)."""
+        r, ts = self.run, self.ts
+        self.lr = r.schedule.set_lr(r.optimizer, r.progress.step)
+        loss, norm = train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip)
+        if self.histograms_due:  # gradients exist only until the update below
+            self.records.tb.histograms(r.progress.step, r.model)
+            self.histograms_due = False
+        self._apply_or_skip(loss, norm)
+        r.progress.step += 1
+        return loss, norm
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over `eval_iters` batches per split, averaged over ranks. The batches are the
+        same at every eval (fixed seed), so successive evals compare the model, not the draw."""
+        r = self.run
+        r.step_model.eval()
+        out = {}
+        for i, (split, tokens) in enumerate((("train", r.data.train), ("val", r.data.val))):
+            batches = r.windows(tokens, self.ts.batch_size, seed=r.cfg.seed + 1 + i)
+            total = torch.zeros((), device=r.rt.device)
+            for _ in range(self.ts.eval_iters):
+                x, y = batches.next()
+                with r.rt.autocast():
+                    _, loss = r.eval_model(x, y)
+                total += loss.float()
+            out[split] = distributed.mean(total / self.ts.eval_iters, r.dist).item()
+        r.step_model.train()
+        return out
+
+    def save(self, best: bool = False) -> Path:
+        """A full-state checkpoint of the current step, and best.pt if `best` (rank 0 writes;
+        every rank must call)."""
+        r = self.run
+        path = r.ckpt_dir / checkpoint.step_file(r.progress.step)
+        rng = distributed.gather(runtime.rng_state(r.rt.device), r.dist)  # every rank's own
+        if r.dist.is_main:
+            if best:
+                checkpoint.save(r.ckpt_dir / checkpoint.BEST, self.checkpoint(rng=None))
+            checkpoint.save(path, self.checkpoint(rng=rng))
+            checkpoint.prune(r.out_dir, self.ts.keep_last)
+        distributed.barrier(r.dist)
+        return path
+
+    def checkpoint(self, rng: list[dict] | None) -> Checkpoint:
+        """What a checkpoint holds, filled here and nowhere else: with the training state (and
+        LoRA adapters apart, to resume) given `rng`, else the weights alone (adapters merged, for
+        sampling and export)."""
+        r, p = self.run, self.run.progress
+        model, full = checkpoint.unwrap(r.model), rng is not None
+        state = (r.optimizer.state_dict(), r.scaler.state_dict(), r.batches.state_dict(), rng, p.bad_total, p.bad_in_a_row)
+        return Checkpoint(
+            model=model.state_dict() if (full or not r.lora) else merged_state_dict(model),
+            model_config=architectures.config_to_dict(r.model_config),
+            tokenizer=r.data.tokenizer.to_dict(),
+            step=p.step,
+            best_val_loss=p.best_val,
+            config=asdict(r.cfg),
+            lora=r.lora if full else None,
+            training=TrainingState(*state) if full else None,
+        )
+
+    def sample(self, n_tokens: int) -> str:
+        """A sample from the model as it is now (what training shows at evals and at the end)."""
+        with self.run.rt.autocast():
+            settings = SamplingSettings(max_new_tokens=n_tokens, seed=self.run.cfg.seed)
+            return generate(self.run.model, self.run.data.tokenizer, [""], settings)[0][0]
+
+    def _apply_or_skip(self, loss: torch.Tensor, norm: torch.Tensor) -> None:
+        """Step the optimizer, unless the loss or gradients are not finite: then skip the update
+        (the data moves on), and stop after `max_bad_steps` such steps in a row."""
+        r, p = self.run, self.run.progress
+        # With fp16 loss scaling, overflowing gradients are routine (the scaler skips those steps).
+        watched = loss if r.scaler.is_enabled() else torch.stack([loss.float(), norm.float()])
+        bad = not bool(torch.isfinite(watched).all())  # the one host sync of the step
+        if distributed.any_true(bad, r.dist, r.rt.device):
+            r.optimizer.zero_grad(set_to_none=True)
+            r.scaler.update()
+            p.bad_in_a_row += 1
+            p.bad_total += 1
+            logger.warning(f"step {p.step + 1}: non-finite loss or gradient, update skipped ({p.bad_in_a_row} in a row)")
+            if p.bad_in_a_row >= self.ts.max_bad_steps:
+                last = checkpoint.latest(r.out_dir) or "none (no eval reached yet)"
+                raise TinyGPTError(
+                    f"training diverged: {p.bad_in_a_row} non-finite steps in a row at step {p.step + 1}; "
+                    f"the last good checkpoint is {last}; lower optim.lr or train.grad_clip"
+                )
+            return
+        p.bad_in_a_row = 0
+        r.scaler.step(r.optimizer)
+        r.scaler.update()
+        r.optimizer.zero_grad(set_to_none=True)
+
+    # --- fit --------------------------------------------------------------------------------------
+
+    def fit(self, on_step: StepHook | None = None, on_eval: EvalHook | None = None) -> dict:
+        """Train to `train.max_iters`; returns the run's summary (what summary.json holds).
+        Raises `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint."""
+        r = self.run
+        self._open_records()
+        shown = r.dist.is_main and sys.stderr.isatty()  # no bar in log files and CI output
+        bar = tqdm(
+            total=self.ts.max_iters, initial=r.progress.step, unit="step", dynamic_ncols=True, leave=False, disable=not shown
+        )
+        try:
+            with StopRequest(log=logger.warning if r.dist.is_main else _quiet) as stop, console_redirected(shown):
+                stopped = self._loop(stop, bar, on_step, on_eval)
+            if not stopped and self.ts.sample_tokens and r.dist.is_main:
+                text = self.sample(self.ts.sample_tokens)
+                self.records.tb.text("sample", text, r.progress.step)
+                r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
+        except BaseException as e:
+            failed = not isinstance(e, KeyboardInterrupt)
+            self.records.summary.update(
+                status="failed" if failed else "interrupted", error=str(e) if failed else None, wall_s=time.time() - self.t_start
+            )
+            raise
+        finally:
+            bar.close()
+            self.records.close()
+        status = "interrupted" if stopped else "finished"
+        self.records.summary.update(status=status, step=r.progress.step, wall_s=time.time() - self.t_start)
+        if stopped:
+            raise Preempted(f"stopped at step {r.progress.step}")
+        self._log_done()
+        return dict(self.records.summary.data)
+
+    def _open_records(self) -> None:
+        r = self.run
+        if r.dist.is_main:
+            summary = dict(
+                run_dir=str(r.out_dir),
+                params=r.model.num_params(),
+                overrides=self.overrides,
+                model=architectures.summary(r.model_config),
+            )
+            self.records = RunRecords(r.out_dir, asdict(r.cfg), r.progress.step, **summary)
+        if r.progress.step >= self.ts.max_iters:
+            r.log(
+                f"this run already reached step {r.progress.step} (train.max_iters={self.ts.max_iters}); "
+                f"raise train.max_iters to train longer"
+            )
+
+    def _loop(self, stop: StopRequest, bar, on_step: StepHook | None, on_eval: EvalHook | None) -> bool:
+        """Steps and evals until max_iters (False) or a stop request (True, after saving)."""
+        r, ts = self.run, self.ts
+        first = r.progress.step
+        t_interval, steps_in_interval = time.time(), 0
+        while True:
+            step = r.progress.step
+            if (step % ts.eval_interval == 0 or step == ts.max_iters) and not (step == first and step > 0):
+                self._eval_and_save(step)
+                if on_eval is not None:
+                    on_eval(step, dict(self.last_eval))
+                t_interval, steps_in_interval = time.time(), 0  # keep eval time out of step timing
+            if step >= ts.max_iters:
+                return False
+            if distributed.any_true(stop.requested, r.dist, r.rt.device):
+                self._stop(stop)
+                return True
+            loss, norm = self.step()
+            steps_in_interval += 1
+            bar.update(1)
+            if on_step is not None:
+                on_step(r.progress.step, distributed.mean(loss, r.dist).item())
+            if r.progress.step % ts.log_interval == 0:
+                self._log_step(loss, norm, (time.time() - t_interval) / steps_in_interval, bar)
+                t_interval, steps_in_interval = time.time(), 0
+
+    def _stop(self, stop: StopRequest) -> None:
+        r = self.run
+        path = self.save()
+        r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path}")
+        launcher = "torchrun <its options> train.py" if r.dist.enabled else command("train")
+        r.log(f"resume with: {launcher} <the same overrides> hydra.run.dir={r.out_dir}")
+
+    def _eval_and_save(self, step: int) -> None:
+        r, ts, p = self.run, self.ts, self.run.progress
+        self.last_eval = losses = self.evaluate()
+        improved = losses["val"] < p.best_val
+        p.best_val = min(p.best_val, losses["val"])
+        self.evals_done += 1
+        self.records.eval(step, losses["train"], losses["val"], p.best_val)
+        r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))
+        if r.dist.is_main:
+            if ts.eval_sample_tokens:
+                self.records.tb.text("samples", self.sample(ts.eval_sample_tokens), step)
+            if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
+                x, _ = RandomWindows(r.data.val, r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
+                self.records.tb.attention_images(step, r.model.attention_maps(x))
+        self.histograms_due = bool(ts.histogram_every) and self.evals_done % ts.histogram_every == 0
+        seen = step * r.tokens_per_step
+        self.records.summary.update(
+            step=step,
+            best_val_loss=p.best_val,
+            final_val_loss=losses["val"],
+            tokens_seen=seen,
+            tokens_per_s=self.tokens_per_s,
+            wall_s=time.time() - self.t_start,
+        )
+        if step > 0:
+            self.save(best=improved)
+
+    def _log_step(self, loss: torch.Tensor, norm: torch.Tensor, dt: float, bar) -> None:
+        r = self.run
+        loss_value = distributed.mean(loss, r.dist).item()  # host sync, once per interval
+        self.tokens_per_s = r.tokens_per_step / dt
+        extra, mfu = {"grad_norm": norm.item(), "perf/tokens_per_s": self.tokens_per_s}, ""
+        if self.peak_flops:
+            extra["perf/mfu"] = r.model.flops_per_token() * self.tokens_per_s / (self.peak_flops * r.dist.world_size)
+            mfu = f", MFU {extra['perf/mfu'] * 100:.1f}%"
+        r.log(
+            f"step {r.progress.step}/{self.ts.max_iters}: loss {loss_value:.4f}, lr {self.lr:.2e}, {dt * 1000:.1f} ms/step, "
+            f"{self.tokens_per_s:,.0f} tok/s{mfu}"
+        )
+        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
+        self.records.train(r.progress.step, loss_value, self.lr, dt * 1000, **extra)
+
+    def _log_done(self) -> None:
+        r, p = self.run, self.run.progress
+        final = self.last_eval.get("val", float("nan"))
+        skipped = f"; {p.bad_total} non-finite step(s) skipped" if p.bad_total else ""
+        r.log(f"done in {time.time() - self.t_start:.1f} s: best val loss {p.best_val:.4f} (final {final:.4f}){skipped}")
+        r.log(f"checkpoints: {r.ckpt_dir}   tensorboard: tensorboard --logdir {r.out_dir / 'tb'}")
+        r.log(f"sample with: {command('sample')} run_dir={r.out_dir}")
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def command(name: str) -> str:
+    """How the user runs command `name`: as a checkout's script if that is how training started."""
+    return f"python {name}.py" if Path(sys.argv[0]).name == "train.py" else f"tinygpt {name}"

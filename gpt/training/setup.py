@@ -1,0 +1,267 @@
+"""Everything a training run needs, built once and in order by `build_run(settings) -> Run`:
+
+    runtime and processes -> where it resumes from -> data -> model (+ finetuning, LoRA)
+    -> optimizer, loss scaler, batches -> restored state -> compiled / DDP-wrapped model
+
+Every check that needs no data runs before the data is touched, so a typo fails in a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gpt import architectures, checkpoint, distributed, runtime
+from gpt.checkpoint import Checkpoint
+from gpt.config import RunConfig
+from gpt.data import Dataset, load_data
+from gpt.data.loader import RandomWindows
+from gpt.errors import TinyGPTError
+from gpt.finetune import initial_model, prepare_finetune
+from gpt.optim import CosineSchedule, Optimizer, build_optimizer
+from gpt.tokenizer import tokenizer_identity
+from gpt.tracking import ensure_console_logging, logger
+
+
+@dataclass
+class Progress:
+    """Where training stands: saved in every step checkpoint."""
+
+    step: int = 0
+    best_val: float = math.inf
+    bad_total: int = 0  # non-finite steps skipped so far
+    bad_in_a_row: int = 0
+
+
+@dataclass
+class Run:
+    cfg: RunConfig
+    dist: distributed.Dist
+    rt: runtime.Runtime
+    out_dir: Path
+    data: Dataset
+    model: nn.Module  # the plain model: what is saved, sampled from and measured
+    model_config: Any  # GPTConfig or RNNConfig
+    lora: dict | None  # {"rank", "alpha"} while LoRA adapters are trained
+    optimizer: Optimizer
+    scaler: torch.amp.GradScaler
+    schedule: CosineSchedule
+    log: Callable[[str], None]  # rank 0 prints; the others are quiet
+    # Set by build_run once the run exists:
+    progress: Progress = field(default_factory=Progress)  # restored when resuming
+    batches: RandomWindows | None = None  # this rank's training windows
+    step_model: nn.Module | None = None  # compiled and/or DDP-wrapped: the training forward
+    eval_model: nn.Module | None = None  # compiled only: evaluation needs no gradient sync
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / checkpoint.CKPT_DIR
+
+    def windows(self, tokens, batch_size: int, seed: int) -> RandomWindows:
+        """Random training windows of this run's context from `tokens`, this rank's share."""
+        return RandomWindows(
+            tokens,
+            self.model_config.block_size,
+            batch_size,
+            self.rt.device,
+            seed=seed,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        ts = self.cfg.train
+        return ts.batch_size * self.model_config.block_size * ts.grad_accum_steps * self.dist.world_size
+
+
+def build_run(cfg: RunConfig) -> Run:
+    ensure_console_logging()
+    dist = distributed.from_env()
+    log = logger.info if dist.is_main else _quiet
+    # The model shape now (the vocabulary comes from the data later), so a typo fails before the
+    # data is downloaded and prepared.
+    architectures.config_from_settings(cfg.model, vocab_size=1)
+    if cfg.train.eval_iters > cfg.train.max_iters:
+        # A smoke run of a big recipe (max_iters=20, eval_iters=200) would spend far longer
+        # evaluating than training: never evaluate on more batches than it trains on.
+        log(f"notice: eval_iters {cfg.train.eval_iters} -> {cfg.train.max_iters} (no more eval batches than training steps)")
+        cfg.train.eval_iters = cfg.train.max_iters
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.compile, dist.local_rank if dist.enabled else None)
+    distributed.init(dist, rt.device)
+    # Under torchrun every process picked its own run directory: rank 0's is the one.
+    out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(checkpoint.new_run_dir(cfg.paths.runs_dir)), dist))
+    cfg.paths.output_dir = str(out_dir)
+    source = _resume_source(cfg, out_dir, dist)
+    log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
+    # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
+    # generator, seeded alike on every rank; see RandomWindows.)
+    runtime.seed_everything(cfg.seed + dist.rank)
+
+    data = _load_data(cfg, dist, log)
+    resumed = checkpoint.load(source) if source else None
+    model, model_config = _model(cfg, data, resumed, log)
+    lora = _finetune(model, cfg, resumed, log)
+    model = model.to(rt.device)
+    optimizer = build_optimizer(model, cfg.optim, rt.device)
+    schedule = CosineSchedule.from_settings(cfg.optim, cfg.train.max_iters)
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
+    run = Run(cfg, dist, rt, out_dir, data, model, model_config, lora, optimizer, scaler, schedule, log)
+    run.batches = run.windows(data.train, cfg.train.batch_size, seed=cfg.seed)
+    if resumed is not None:
+        run.progress = _restore(resumed, source, run)
+    run.step_model, run.eval_model = _wrap(model, rt, dist)
+    log(
+        f"model {architectures.summary(model_config)}: {model.num_params():,} parameters; micro-batch {cfg.train.batch_size} x "
+        f"accum {cfg.train.grad_accum_steps} x {dist.world_size} process(es) = global batch of {run.tokens_per_step:,} tokens/step"
+    )
+    log(f"optimizer {optimizer.describe()}")
+    return run
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist) -> Path | None:
+    # Rank 0 decides (other nodes may not share its view of the filesystem).
+    source = distributed.broadcast(checkpoint.resume_source(cfg.resume, out_dir) if dist.is_main else None, dist)
+    if dist.is_main:
+        checkpoint.remove_leftovers(out_dir)
+    if cfg.finetune.require_init and not cfg.init_from and source is None:
+        raise TinyGPTError(
+            "this experiment needs a model to start from: pass init_from=<run dir | checkpoint | gpt2 | HF folder>"
+        )
+    return source
+
+
+def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:
+    # One process per node prepares (nodes may not share a filesystem); the others wait, then read.
+    if dist.local_rank == 0:
+        data = load_data(cfg.data, cfg.paths.data_root(), log=log)
+    distributed.barrier(dist)
+    if dist.local_rank != 0:
+        data = load_data(cfg.data, cfg.paths.data_root(), log=_quiet)
+    log(
+        f"data {data.name}: {Dataset.tokens(data.train):,} train / {Dataset.tokens(data.val):,} val tokens, "
+        f"vocab {data.tokenizer.vocab_size}"
+    )
+    return data
+
+
+def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log) -> tuple[nn.Module, Any]:
+    """A new model, the weights to finetune (init_from), or the shape of the run resumed."""
+    if resumed is None and cfg.init_from:
+        model = initial_model(cfg.init_from, data.tokenizer, cfg.finetune, float(cfg.model.dropout), log)
+        config = model.config
+    else:
+        config = _model_config(cfg, data, resumed, log)
+        model = architectures.build(config)
+    check_data_fits(data, config.block_size)
+    return model, config
+
+
+def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log):
+    vocab = data.tokenizer.vocab_size
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size < vocab:
+        raise TinyGPTError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {vocab} tokens; "
+            f"set model.vocab_size=null to take it from the data"
+        )
+    config = architectures.config_from_settings(cfg.model, vocab_size=vocab)
+    if resumed is None:
+        return config
+    if tokenizer_identity(resumed.tokenizer) != tokenizer_identity(data.tokenizer.to_dict()):
+        raise TinyGPTError(
+            "the checkpoint's tokenizer differs from this data's; resume with the data the run was trained on "
+            f"(data={resumed.config.get('data', {}).get('name', '?')})"
+        )
+    saved = architectures.config_from_dict(resumed.model_config)
+    old, new = architectures.config_to_dict(saved), architectures.config_to_dict(config)
+    diff = [
+        f"model.{k}={new.get(k)!r} (checkpoint: {old.get(k)!r})" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+    ]
+    if diff:
+        log(f"notice: resuming with the checkpoint's model settings; ignoring {', '.join(diff)}")
+    return saved
+
+
+def check_data_fits(data: Dataset, block_size: int) -> None:
+    for split, shards in (("train", data.train), ("val", data.val)):
+        longest = max((len(s) for s in shards), default=0)
+        if longest < block_size + 1:
+            raise TinyGPTError(
+                f"model.block_size={block_size} is longer than the {split} split ({Dataset.tokens(shards)} tokens"
+                f"{', in shards of at most ' + str(longest) if len(shards) > 1 else ''}); "
+                f"use a block_size below {longest} or more data"
+            )
+
+
+def _finetune(model: nn.Module, cfg: RunConfig, resumed: Checkpoint | None, log) -> dict | None:
+    """Freezing and LoRA as configured; a resumed LoRA run keeps training its adapters."""
+    ft = cfg.finetune
+    trained = (resumed.lora or {}).get("rank", 0) if resumed is not None else 0
+    if trained and not ft.lora_rank:
+        ft.lora_rank, ft.lora_alpha = resumed.lora["rank"], resumed.lora["alpha"]
+        log(f"notice: resuming a LoRA finetune (rank {ft.lora_rank}) with its adapters")
+    elif resumed is not None and trained != ft.lora_rank:
+        raise TinyGPTError(
+            f"the checkpoint was trained with finetune.lora_rank={trained}; "
+            f"resume with that value, or start a new run from it with init_from"
+        )
+    return prepare_finetune(model, ft, log)
+
+
+def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
+    state = ckpt.training
+    if state is None:
+        raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
+    run.model.load_state_dict(ckpt.model)
+    run.optimizer.load_state_dict(state.optimizer)
+    if run.scaler.is_enabled() and state.scaler:  # an fp32/bf16 run's scaler state is empty
+        run.scaler.load_state_dict(state.scaler)
+    run.batches.load_state_dict(state.loader)
+    if len(state.rng) != run.dist.world_size:
+        run.log(
+            f"notice: the checkpoint was written by {len(state.rng)} process(es), this run has {run.dist.world_size}; "
+            f"random streams restart (results stay valid, not bitwise identical)"
+        )
+    runtime.set_rng_state(state.rng[run.dist.rank % len(state.rng)])
+    changed = changed_settings(ckpt.config, asdict(run.cfg))
+    run.log(
+        f"resuming from {path} at step {ckpt.step} (best val loss {ckpt.best_val_loss:.4f})"
+        + (f"; changed: {changed}" if changed else "")
+    )
+    return Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, state.bad_in_a_row)
+
+
+def changed_settings(old: dict, new: dict, prefix: str = "") -> str:
+    """'a.b: 1 -> 2, ...' for the leaves that differ (paths and run bookkeeping excluded)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if prefix == "" and key in ("paths", "resume"):
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = changed_settings(a, b, f"{prefix}{key}.")
+            if sub:
+                out.append(sub)
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return ", ".join(out)
+
+
+def _wrap(model: nn.Module, rt: runtime.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:
+    """(the training forward, the evaluation forward): compiled when asked, DDP under torchrun."""
+    compiled = torch.compile(model) if rt.compile else model
+    if not dist.enabled:
+        return compiled, compiled
+    device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+    return DDP(compiled, device_ids=device_ids), compiled

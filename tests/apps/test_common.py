@@ -1,0 +1,100 @@
+"""gpt/apps/common.py: composing configs into settings, and every user mistake across the
+commands ending in one line (`error: ...`, exit status 2) with nothing written or damaged.
+Run: pytest tests/apps/test_common.py"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from gpt.apps import common
+from gpt.errors import TinyGPTError
+from helpers import assert_one_line_error, run_script
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
+        (["seed=abc"], "seed must be an integer, got 'abc'"),
+        (["train.max_iter=20"], "unknown setting 'train.max_iter'; list the valid keys with `tinygpt train --cfg job`"),
+        (["experiment=shakespeare_char", "optim.muon_lr=0.05"], "optim.muon_lr is a Muon setting and this run uses optim=adamw"),
+        (["model=gtp2"], "unknown model config 'gtp2'; choose one of: baby-gpt, gpt-micro"),
+        (["data=local"], "data.source.path is required"),
+        (["optim.weight_decay=-1"], "optim.weight_decay >= 0"),
+        (["finetune.lora_dropout=1.5"], "finetune.lora_dropout must be in [0, 1)"),
+        (["data.num_proc=abc"], "data.num_proc must be an integer, got 'abc'"),
+        (["data.max_tokens=-5"], "data.max_tokens must be a positive integer"),
+        (["train.batch_size=0"], "train.batch_size must be a positive integer"),
+        (["model=lstm", "model.n_head=4"], "unknown setting 'model.n_head'"),
+    ],
+)
+def test_compose_refuses_mistakes_in_one_line(overrides, message):
+    with pytest.raises(TinyGPTError) as e:
+        common.compose("config", overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_compose_builds_the_typed_settings():
+    from gpt.config import AdamWSettings, GPTSettings, MuonSettings, RNNSettings
+
+    settings = common.compose("config", ["optim=adamw", "model=lstm", "train.max_iters=7"])
+    assert type(settings.optim) is AdamWSettings and type(settings.model) is RNNSettings
+    assert settings.train.max_iters == 7 and settings.model.arch == "lstm"
+    default = common.compose("config", [])
+    assert type(default.optim) is MuonSettings and type(default.model) is GPTSettings and default.paths.output_dir is None
+
+
+def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run, data_root):
+    cwd, run_dir, _ = trained_run
+    root, data_overrides = data_root
+    before = _snapshot(cwd / "outputs")
+    runs_before = sorted(p.name for p in (cwd / "outputs" / "runs").iterdir())
+    early = [  # refused before anything is written: no new run directory either
+        ("train.py", ["model.n_embd=30", "model.n_head=4"], ["n_embd=30", "n_head=4", "multiple"]),
+        ("train.py", ["model=gpt5"], ["unknown model config 'gpt5'", "gpt-micro"]),
+        (
+            "train.py",
+            [f"hydra.run.dir={run_dir}", "resume=false", "debug=tiny", *data_overrides],
+            ["already holds a run", "resume=false"],
+        ),
+        ("train.py", [f"hydra.run.dir={run_dir}", "optim.lr=fast"], ["optim.lr must be a number", "'fast'"]),
+        ("train.py", ["compile=maybe"], ["compile=", "true"]),
+        ("train.py", ["device=tpu"], ["device='tpu' is unknown"]),
+        ("train.py", ["train.max_iter=20"], ["unknown setting 'train.max_iter'", "--cfg job"]),
+        ("train.py", ["-m", "model=gpt5,gpt-nano"], ["unknown model config 'gpt5'"]),
+        (
+            "train.py",
+            ["experiment=shakespeare_char", "optim.muon_lr=0.05"],
+            ["optim.muon_lr is a Muon setting", "add optim=muon"],
+        ),
+        ("sample.py", ["prompt=Ωmega"], ["'Ω'", "vocabulary"]),
+        ("sample.py", ["ckpt=nowhere/best.pt"], ["nowhere/best.pt", "does not exist"]),
+        ("sample.py", ["temperature=-1"], ["temperature"]),
+        ("sample.py", ["top_p=1.5"], ["top_p must be in (0, 1]"]),
+        ("sample.py", ["--bogus"], ["unknown option '--bogus'"]),
+        ("eval", ["split=test"], ["split='test': use train or val"]),
+        ("eval", ["batch_size=0"], ["batch_size must be a positive integer"]),
+        ("export", [], ["out is required"]),
+        ("sweep", [], ["dir is required"]),
+        ("sweep", ["dir=/nowhere/sweep"], ["/nowhere/sweep does not exist"]),
+        ("serve", [], ["unknown command 'serve'", "train, sample"]),
+    ]
+    for script, args, needles in early:
+        assert_one_line_error(run_script(script, args, cwd, root), *needles)
+    assert sorted(p.name for p in (cwd / "outputs" / "runs").iterdir()) == runs_before
+    assert (run_dir / ".hydra").is_dir() and not (run_dir / ".hydra-1").exists()  # the refused resume renamed nothing
+    late = [("train.py", ["debug=tiny", *data_overrides, "model.block_size=200000"], ["block_size=200000", "val split"])]
+    for script, args, needles in late:
+        assert_one_line_error(run_script(script, args, cwd, root), *needles)
+    after = _snapshot(cwd / "outputs")
+    # A run that failed on its data leaves a new run directory holding its log; no earlier file changes.
+    assert {k: after.get(k) for k in before} == before

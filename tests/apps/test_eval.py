@@ -1,0 +1,40 @@
+"""gpt/apps/eval.py: `tinygpt eval` on a text file and on the model's own validation split.
+Run: pytest tests/apps/test_eval.py"""
+
+from __future__ import annotations
+
+import math
+
+from helpers import assert_one_line_error, run_script
+
+
+def _figures(line: str) -> tuple[float, float, float]:
+    loss = float(line.split("loss ")[1].split(",")[0])
+    ppl = float(line.split("perplexity ")[1].split(",")[0])
+    bpb = float(line.split("bits per byte ")[1])
+    return loss, ppl, bpb
+
+
+def test_eval_command_reports_loss_perplexity_and_bits_per_byte(tmp_path, trained_run, data_root):
+    cwd, run_dir, _ = trained_run
+    root, _ = data_root
+    text = tmp_path / "eval.txt"
+    text.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n" * 20)
+    proc = run_script("eval", [f"run_dir={run_dir}", f"text_file={text}"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr
+    loss, ppl, bpb = _figures(proc.stdout.strip().splitlines()[-1])
+    assert abs(ppl - math.exp(loss)) / ppl < 1e-3
+    assert abs(bpb - loss / math.log(2)) < 1e-3  # ASCII text, one char = one token = one byte
+    # no run named: the newest run under paths.runs_dir, on its own data's val split
+    split = run_script("eval", [f"paths.runs_dir={cwd / 'outputs'}", "max_tokens=2000"], tmp_path, root)
+    assert split.returncode == 0, split.stderr
+    assert "shakespeare_char val: 2,000 tokens" in split.stdout  # 2001 tokens -> 125 windows of 16 targets
+
+
+def test_eval_refuses_a_missing_text_file(tmp_path, trained_run, data_root):
+    _, run_dir, _ = trained_run
+    root, _ = data_root
+    assert_one_line_error(
+        run_script("eval", [f"run_dir={run_dir}", f"text_file={tmp_path / 'nope.txt'}"], tmp_path, root),
+        "nope.txt does not exist",
+    )

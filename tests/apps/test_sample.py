@@ -1,0 +1,104 @@
+"""gpt/apps/sample.py: `python sample.py` / `tinygpt sample` as a user runs it: the newest run,
+a run directory, a checkpoint, prompts from the command line, stdin and files, stop strings,
+JSONL output, an exported Hugging Face model. Run: pytest tests/apps/test_sample.py"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gpt import loading
+from gpt.pretrained import export_hf
+from helpers import REPO, assert_one_line_error, run_script
+
+
+def test_sample_from_latest_run_and_from_run_dir(trained_run, data_root):
+    cwd, run_dir, _ = trained_run
+    root, _ = data_root
+    latest = run_script("sample.py", ["num_samples=2", "max_new_tokens=40", "prompt=ROMEO:"], cwd, root)
+    assert latest.returncode == 0, latest.stderr
+    assert latest.stdout.count("---------- sample") == 2 and latest.stdout.count("ROMEO:") == 2
+    assert f"{run_dir.name}/checkpoints/best.pt" in latest.stderr
+
+    again = run_script("sample.py", [f"run_dir={run_dir}", "num_samples=2", "max_new_tokens=40", "prompt=ROMEO:"], cwd, root)
+    assert again.returncode == 0 and again.stdout == latest.stdout  # same seed, same text
+
+    prompt = cwd / "prompt.txt"
+    prompt.write_text("JULIET:\n")
+    from_file = run_script(
+        "sample.py",
+        [f"ckpt={run_dir}/checkpoints/ckpt-0000020.pt", f"prompt_file={prompt}", "num_samples=1", "max_new_tokens=20"],
+        cwd,
+        root,
+    )
+    assert from_file.returncode == 0 and "JULIET:\n" in from_file.stdout
+    assert not (cwd / "sample.log").exists() and not (cwd / ".hydra").exists()  # sampling writes nothing
+
+
+def test_sample_from_stdin_batch_file_stop_strings_and_jsonl(trained_run, data_root):
+    cwd, run_dir, _ = trained_run
+    root, _ = data_root
+    piped = run_script(
+        "sample.py", ["prompt=-", "num_samples=1", "max_new_tokens=30", "temperature=0"], cwd, root, stdin="KING:\n"
+    )
+    assert piped.returncode == 0 and "KING:\n" in piped.stdout
+
+    prompts = cwd / "prompts.jsonl"
+    prompts.write_text('"ROMEO:"\n{"prompt": "JULIET: O"}\n')
+    out = cwd / "samples.jsonl"
+    args = [f"prompt_file={prompts}", "num_samples=2", "max_new_tokens=30", "stream=false", f"out_file={out}"]
+    batched = run_script("sample.py", args, cwd, root)
+    assert batched.returncode == 0, batched.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["prompt"], r["sample"]) for r in records] == [("ROMEO:", 0), ("ROMEO:", 1), ("JULIET: O", 0), ("JULIET: O", 1)]
+    assert all(len(r["text"]) == 30 and r["settings"]["max_new_tokens"] == 30 for r in records)
+    streamed = run_script("sample.py", args[:-2], cwd, root)  # streaming, one at a time: same text
+    assert all(r["prompt"] + r["text"] in streamed.stdout for r in records)
+
+    stop = records[0]["text"][10:12]
+    cut = run_script(
+        "sample.py", [f"prompt_file={prompts}", "num_samples=1", "max_new_tokens=30", f"stop=[{json.dumps(stop)}]"], cwd, root
+    )
+    assert cut.returncode == 0, cut.stderr
+    first = cut.stdout.split("----------\n", 1)[1].split("\n---------- sample 2", 1)[0]
+    assert first == "ROMEO:" + records[0]["text"][: records[0]["text"].index(stop)]
+
+
+def test_sample_without_any_run(tmp_path, data_root):
+    root, _ = data_root
+    assert_one_line_error(run_script("sample.py", [], tmp_path, root), "no trained run found", "python train.py")
+
+
+def test_sample_py_from_an_exported_model(tmp_path, trained_run):
+    cwd, run_dir, _ = trained_run
+    loaded = loading.load(str(run_dir))
+    export_hf(loaded.model, loaded.tokenizer(), tmp_path / "hf")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "sample.py"),
+            f"init_from={tmp_path / 'hf'}",
+            "num_samples=1",
+            "max_new_tokens=20",
+            "prompt=ROMEO:",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ROMEO:" in proc.stdout and str(tmp_path / "hf") in proc.stderr
+
+
+def test_sampling_settings_are_the_generation_settings():
+    """sample.py adds where the model and prompts come from to the generation controls; it does
+    not copy them (a new control is one field in gpt.config.SamplingSettings)."""
+    from dataclasses import fields
+
+    from gpt.config import SampleConfig, SamplingSettings
+
+    assert issubclass(SampleConfig, SamplingSettings)
+    settings = SampleConfig(top_k=5, stop="END")
+    assert settings.stop == ("END",) and settings.sampling_only()["top_k"] == 5
+    assert set(settings.sampling_only()) == {f.name for f in fields(SamplingSettings)}

@@ -1,0 +1,202 @@
+"""gpt/apps/train.py: `python train.py` / `tinygpt train` as a user runs it: checkpoints, logs,
+TensorBoard events, a clean stop on SIGTERM and its resume, sweeps (local, Optuna, SLURM
+config), the baby GPT's recipe, and the README's quickstart target.
+Run: pytest tests/apps/test_train.py"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt import checkpoint
+from helpers import REPO, SHARED_TEXT, assert_one_line_error, run_script
+
+QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
+
+
+def test_train_writes_checkpoints_logs_and_events(trained_run):
+    cwd, run_dir, stdout = trained_run
+    assert "best val loss" in stdout and "python sample.py run_dir=" in stdout
+    assert "device cpu" in stdout and "dtype float32" in stdout
+    assert len([line for line in stdout.splitlines() if line.startswith("eval step")]) == 3  # printed once each
+    assert (run_dir / "train.log").read_text().count("eval step") == 3  # steps 0, 10, 20
+    names = sorted(p.name for p in (run_dir / checkpoint.CKPT_DIR).iterdir())
+    assert names == ["best.pt", "ckpt-0000010.pt", "ckpt-0000020.pt"]
+    for name in names:
+        ckpt = checkpoint.load(run_dir / checkpoint.CKPT_DIR / name)
+        assert ckpt.tokenizer["kind"] == "char" and ckpt.model_config["n_embd"] == 16
+    last = checkpoint.load(checkpoint.latest(run_dir))
+    assert last.step == 20 and last.training is not None and last.config["train"]["max_iters"] == 20
+    assert checkpoint.load(run_dir / checkpoint.CKPT_DIR / "best.pt").training is None
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 10, 20]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10, 15, 20]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["run_dir"] == str(run_dir) and summary["overrides"][0] == "debug=tiny"
+
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"loss/train", "loss/val", "loss/train_eval", "lr", "perf/tokens_per_s"} <= scalars
+    assert [e.step for e in events.Scalars("loss/val")] == [0, 10, 20]
+    assert {"config/text_summary", "sample/text_summary"} <= set(events.Tags()["tensors"])
+
+
+def test_no_network_and_no_local_copy(tmp_path):
+    empty = tmp_path / "empty-data"
+    proc = run_script("train.py", ["debug=tiny", "data.source.url=http://127.0.0.1:9/input.txt"], tmp_path, empty)
+    assert_one_line_error(proc, "could not download", str(empty / "tinyshakespeare" / "input.txt"), "TINYGPT_DATA_DIR")
+    assert not any(p.is_file() for p in empty.rglob("*"))
+
+
+def test_the_console_command_trains_like_the_script(tmp_path, data_root):
+    root, data_overrides = data_root
+    proc = run_script(
+        "train",
+        ["debug=tiny", *data_overrides, "train.max_iters=2", "train.eval_interval=2", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        root,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert checkpoint.load(checkpoint.latest(tmp_path / "run")).step == 2
+
+
+def test_smoke_shakespeare_char_experiment(tmp_path, data_root):
+    root, data_overrides = data_root
+    args = [
+        "experiment=shakespeare_char",
+        "train.max_iters=3",
+        "train.eval_iters=1",
+        "train.eval_interval=3",
+        "train.batch_size=2",
+        "train.sample_tokens=5",
+        *data_overrides,
+    ]
+    proc = run_script("train.py", args, tmp_path, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "6L 6H 384D block 256" in proc.stdout
+
+
+def _sigterm_after_step_5(cmd: list[str], cwd, env) -> tuple[int, str, str]:
+    """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    args = ["debug=tiny", *data_overrides, "train.max_iters=100000", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
+    returncode, out, err = _sigterm_after_step_5([sys.executable, str(REPO / "train.py"), *args], tmp_path, env)
+    assert returncode == 0, err[-2000:]
+    assert "stopped at step" in out and f"hydra.run.dir={run_dir}" in out
+    stopped_at = checkpoint.load(checkpoint.latest(run_dir)).step
+    assert stopped_at >= 5 and json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+    resumed = run_script(
+        "train.py",
+        ["debug=tiny", *data_overrides, f"train.max_iters={stopped_at + 3}", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        root,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {run_dir / 'checkpoints' / checkpoint.step_file(stopped_at)} at step {stopped_at}" in resumed.stdout
+    assert checkpoint.load(checkpoint.latest(run_dir)).step == stopped_at + 3
+    assert (run_dir / ".hydra-1" / "overrides.yaml").is_file()  # the first invocation's record is kept
+
+
+@pytest.mark.slow
+def test_two_by_two_multirun_ends_in_a_leaderboard(tmp_path, data_root):
+    root, data_overrides = data_root
+    args = [
+        "-m",
+        *QUICK,
+        *data_overrides,
+        "optim.lr=1e-3,3e-3",
+        "model.n_layer=1,2",
+        "train.sample_tokens=0",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    proc = run_script("train.py", args, tmp_path, root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step/s" not in proc.stderr and "it/s" not in proc.stderr  # no progress bar without a TTY
+    sweep = tmp_path / "sweep"
+    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(4)]
+    assert all(s["status"] == "finished" for s in summaries)
+    with open(sweep / "leaderboard.csv") as f:
+        rows = list(csv.DictReader(f))
+    losses = [float(r["best_val_loss"]) for r in rows]
+    assert len(rows) == 4 and losses == sorted(losses)
+    assert {frozenset(r["overrides"].split()) for r in rows} == {
+        frozenset({f"optim.lr={lr}", f"model.n_layer={n}"}) for lr in ("0.001", "0.003") for n in (1, 2)
+    }
+    assert (sweep / "val_curves.png").stat().st_size > 1000 and "leaderboard:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_optuna_search_runs_three_trials(tmp_path, data_root):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the optuna extra: pip install -e '.[optuna]'")
+    root, data_overrides = data_root
+    args = [
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=3",
+        *QUICK,
+        *data_overrides,
+        "train.sample_tokens=0",
+        f"hydra.sweep.dir={tmp_path / 'search'}",
+    ]
+    proc = run_script("train.py", args, tmp_path, root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads((tmp_path / "search" / str(i) / "summary.json").read_text()) for i in range(3)]
+    assert all(s["status"] == "finished" for s in summaries)
+    assert len({tuple(s["overrides"]) for s in summaries}) == 3  # three different trials
+    assert "Best value" in proc.stdout + proc.stderr or (tmp_path / "search" / "optimization_results.yaml").exists()
+
+
+def test_slurm_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: pip install -e '.[slurm]'")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from gpt.apps.common import config_dir
+    from gpt.config import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    assert cfg.hydra.launcher.gpus_per_node == 1 and "submitit" in cfg.hydra.launcher._target_
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_target_and_samples(tmp_path, data_root):
+    """The README's promise: the default `python train.py` reaches val loss <= 1.90 on the real
+    Tiny Shakespeare, and `python sample.py` then prints text (~1.5 min on 2 cores)."""
+    root, data_overrides = data_root
+    if data_overrides:
+        pytest.skip(f"the 1.90 target is defined on the real corpus; {SHARED_TEXT} is absent")
+    proc = run_script("train.py", [], tmp_path, root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = float(re.search(r"\(final (\d+\.\d+)\)", proc.stdout).group(1))
+    assert final <= 1.90, proc.stdout[-2000:]
+
+    sample = run_script("sample.py", ["num_samples=1", "max_new_tokens=200"], tmp_path, root)
+    assert sample.returncode == 0, sample.stderr
+    text = sample.stdout.split("sample 1/1 ----------\n", 1)[1]
+    # Shakespeare-like: mostly letters and spaces, with speaker-style lines ("NAME:").
+    assert sum(c.isalpha() or c.isspace() for c in text) / len(text) > 0.85
+    assert re.search(r"^[A-Z][A-Za-z ]+:$", text, flags=re.M) or text.count("\n") >= 3

@@ -1,0 +1,210 @@
+"""gpt/data/prepare.py: documents -> token shards + meta.json, once: reuse, invalidation,
+interruption (Ctrl-C, a crash mid-write, kill -9), splits, dtypes, caps, parallel workers.
+Run: pytest tests/data/test_prepare.py"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpt import io
+from gpt.data import prepare
+from gpt.data.prepare import read_meta
+from helpers import REPO, TEXT, data_settings, load, write_corpus, write_ranks
+
+SHA = hashlib.sha256(TEXT.encode()).hexdigest()
+
+
+def _write_text(tmp_path) -> Path:
+    p = tmp_path / "input.txt"
+    p.write_text(TEXT)
+    return p
+
+
+def prep_char(src, out, val_fraction=0.1):
+    settings = {"identity": SHA, "val_fraction": val_fraction, "split_by": "tail", "num_proc": 1}
+    return prepare.prepare([src.read_text()], {"kind": "char"}, out, settings, log=lambda *_: None)
+
+
+def _same(a, b):
+    return {k: v for k, v in a.items() if k != "tokenize_seconds"} == {k: v for k, v in b.items() if k != "tokenize_seconds"}
+
+
+def _stream(data) -> list[int]:
+    return [int(t) for split in (data.train, data.val) for shard in split for t in shard]
+
+
+def test_prepare_is_idempotent(tmp_path):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    meta = prep_char(src, out)
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert prep_char(src, out) == meta
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # nothing rewritten
+    (train,) = prepare.open_split(out, meta, "train")
+    (val,) = prepare.open_split(out, meta, "val")
+    assert len(train) + len(val) == len(TEXT) and len(val) == len(TEXT) - int(len(TEXT) * 0.9)
+    tok = prepare.tokenizer_of(meta)
+    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == TEXT
+    assert train.dtype == np.uint16
+
+
+def test_prepare_survives_interruption(tmp_path, monkeypatch):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    reference = prep_char(src, tmp_path / "ref")
+
+    real_write = prepare._write_tokens
+
+    def dies_on_val(path, tokens):
+        if path.name == "val-0000.bin":
+            raise KeyboardInterrupt  # as if Ctrl-C arrived between the two splits
+        real_write(path, tokens)
+
+    monkeypatch.setattr(prepare, "_write_tokens", dies_on_val)
+    with pytest.raises(KeyboardInterrupt):
+        prep_char(src, out)
+    assert not (out / "meta.json").exists()
+    assert prepare.read_meta(out, reference["fingerprint"]) is None
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+    monkeypatch.setattr(prepare, "_write_tokens", real_write)
+    meta = prep_char(src, out)
+    assert _same(meta, reference)
+    for split in prepare.SPLITS:
+        name = prepare.shard_name(split, 0)
+        assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+
+
+def test_crash_inside_an_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+
+    def no_rename(src_path, dst_path):
+        raise OSError("disk vanished")
+
+    monkeypatch.setattr(io.os, "replace", no_rename)
+    with pytest.raises(OSError):
+        prep_char(src, out)
+    assert [p.name for p in out.iterdir()] == []
+
+
+def test_truncated_tokens_or_changed_settings_trigger_reprepare(tmp_path):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    meta = prep_char(src, out)
+    full = (out / "train-0000.bin").read_bytes()
+    (out / "train-0000.bin").write_bytes(full[:100])  # e.g. a disk filled up mid-copy
+    assert prepare.read_meta(out, meta["fingerprint"]) is None
+    prep_char(src, out)
+    assert (out / "train-0000.bin").read_bytes() == full
+    other = prep_char(src, out, 0.2)
+    assert other["fingerprint"] != meta["fingerprint"]
+    assert json.loads((out / "meta.json").read_text())["settings"]["val_fraction"] == 0.2
+
+
+def test_reuse_and_invalidation(tmp_path):
+    folder = write_corpus(tmp_path / "corpus", "txt")
+    settings = data_settings("c", {"kind": "local", "path": str(folder)}, {"kind": "byte"})
+    first = load(settings, tmp_path / "root").meta
+    out = tmp_path / "root" / "c"
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert load(settings, tmp_path / "root").meta == first
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # reused, nothing rewritten
+    for change in ({"val_fraction": 0.5}, {"seed": 4}, {"max_docs": 5}):
+        assert load(replace(settings, **change), tmp_path / "root").meta["fingerprint"] != first["fingerprint"]
+    time.sleep(0.01)
+    (folder / "doc00.txt").write_text("changed content")
+    changed = load(settings, tmp_path / "root").meta
+    assert changed["fingerprint"] != first["fingerprint"] and changed["documents"] == 12
+    ranks = write_ranks(tmp_path / "r.tiktoken")
+    bpe = load(
+        data_settings("c", {"kind": "local", "path": str(folder)}, {"kind": "tiktoken", "ranks_file": str(ranks)}),
+        tmp_path / "root",
+    )
+    assert bpe.meta["tokenizer"]["kind"] == "tiktoken"
+
+
+def test_documents_split_is_seeded(tmp_path):
+    folder = write_corpus(tmp_path / "corpus", "txt")
+    base = data_settings("c", {"kind": "local", "path": str(folder)}, {"kind": "byte"})
+    a = _stream(load(replace(base, name="a"), tmp_path / "root"))
+    b = _stream(load(replace(base, name="b"), tmp_path / "root"))
+    c = load(replace(base, name="c", seed=99), tmp_path / "root")
+    assert a == b
+    assert bytes(t for t in _stream(c) if t != 256) != bytes(t for t in a if t != 256)  # other docs in val
+    assert c.meta["documents"] == 12 and round(12 * 0.25) == sum(1 for s in c.val for t in s if t == 256)
+
+
+def test_uint32_when_the_vocabulary_exceeds_65536(tmp_path):
+    ranks = write_ranks(tmp_path / "big.tiktoken", big=True)
+    folder = write_corpus(tmp_path / "corpus", "txt")
+    data = load(
+        data_settings("big", {"kind": "local", "path": str(folder)}, {"kind": "tiktoken", "ranks_file": str(ranks)}),
+        tmp_path / "root",
+    )
+    assert data.tokenizer.vocab_size > 65536 and data.meta["dtype"] == "uint32" and data.train[0].dtype == np.uint32
+    assert data.tokenizer.eot_id in _stream(data) and max(_stream(data)) > 65535
+
+
+def test_caps_limit_documents_and_tokens(tmp_path):
+    folder = write_corpus(tmp_path / "corpus", "txt")
+    base = data_settings("c", {"kind": "local", "path": str(folder)}, {"kind": "byte"})
+    capped = load(replace(base, name="tok", max_tokens=500), tmp_path / "root")
+    assert sum(capped.meta["tokens"].values()) == 500
+    docs = load(replace(base, name="docs", max_docs=5), tmp_path / "root")
+    assert docs.meta["documents"] == 5 and _stream(docs).count(256) == 5
+
+
+def test_one_and_two_processes_prepare_the_same_stream(tmp_path):
+    folder = write_corpus(tmp_path / "corpus", "txt")
+    ranks = write_ranks(tmp_path / "r.tiktoken")
+    tok = {"kind": "tiktoken", "ranks_file": str(ranks)}
+    one = load(data_settings("one", {"kind": "local", "path": str(folder)}, tok, num_proc=1), tmp_path / "root")
+    two = load(data_settings("two", {"kind": "local", "path": str(folder)}, tok, num_proc=2), tmp_path / "root")
+    assert _stream(one) == _stream(two) and one.meta["fingerprint"] == two.meta["fingerprint"]
+
+
+_PREPARE = """
+import sys
+from gpt.config import DataSettings, from_dict
+from gpt.data import load_data
+cfg = {"name": "big", "tokenizer": {"kind": "byte"}, "source": {"kind": "local", "path": sys.argv[1], "doc_unit": "line"},
+       "val_fraction": 0.1, "split_by": "documents", "seed": 5, "num_proc": 2, "shard_tokens": 300000}
+load_data(from_dict(DataSettings, cfg), sys.argv[2], log=lambda *a: None)
+"""
+
+
+def test_killed_preparation_reruns_to_the_identical_stream(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    corpus.write_text("\n".join(" ".join(rng.choice(words, 30)) for _ in range(60000)))
+    ref_root, root = tmp_path / "ref", tmp_path / "root"
+    subprocess.run([sys.executable, "-c", _PREPARE, str(corpus), str(ref_root)], check=True, cwd=REPO)
+
+    proc = subprocess.Popen([sys.executable, "-c", _PREPARE, str(corpus), str(root)], cwd=REPO)
+    deadline = time.time() + 60
+    while not list((root / "big").glob("stream.tmp-*")) and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # well inside the tokenizing pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ref_meta = json.loads((ref_root / "big" / "meta.json").read_text())
+    assert read_meta(root / "big", ref_meta["fingerprint"]) is None  # nothing that passes for complete data
+
+    subprocess.run([sys.executable, "-c", _PREPARE, str(corpus), str(root)], check=True, cwd=REPO)
+    meta = json.loads((root / "big" / "meta.json").read_text())
+    assert meta["shards"] == ref_meta["shards"] and len(meta["shards"]["train"]) > 1
+    for f in sorted((ref_root / "big").glob("*.bin")):
+        assert (root / "big" / f.name).read_bytes() == f.read_bytes()
+    assert not list((root / "big").glob("*.tmp-*"))

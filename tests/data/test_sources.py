@@ -1,0 +1,87 @@
+"""gpt/data/sources.py: local files, Hub datasets, save_to_disk folders, and clear errors that
+leave nothing behind. Run: pytest tests/data/test_sources.py"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt.errors import TinyGPTError
+from helpers import DOCS, data_settings, load, write_corpus
+
+
+def _stream(data) -> list[int]:
+    return [int(t) for split in (data.train, data.val) for shard in split for t in shard]
+
+
+@pytest.mark.parametrize("kind", ["txt", "md", "jsonl", "parquet"])
+def test_local_sources_prepare_the_same_documents(tmp_path, kind):
+    folder = write_corpus(tmp_path / "corpus", kind)
+    source = {"kind": "local", "path": str(folder), "doc_unit": "file", "text_field": "body"}
+    data = load(data_settings("c", source, {"kind": "byte"}), tmp_path / "root")
+    meta = data.meta
+    assert meta["documents"] == 12 and meta["dtype"] == "uint16"
+    # every document is there once, each followed by end-of-text (256)
+    stream = _stream(data)
+    assert stream.count(256) == 12
+    decoded = bytes(t for t in stream if t != 256).decode()
+    assert all(doc in decoded for doc in DOCS)
+    assert len(data.val) == 1 and sum(len(s) for s in data.val) > 0
+
+
+def test_lines_as_documents_and_glob(tmp_path):
+    (tmp_path / "a.txt").write_text("one\ntwo\n\nthree\n")
+    (tmp_path / "b.txt").write_text("four\n")
+    source = {"kind": "local", "path": str(tmp_path / "*.txt"), "doc_unit": "line"}
+    data = load(data_settings("lines", source, {"kind": "byte"}), tmp_path / "root")
+    assert data.meta["documents"] == 4  # empty lines are not documents
+
+
+def test_hub_code_path_with_a_local_dataset_and_save_to_disk(tmp_path):
+    """A dataset folder loaded by datasets.load_dataset (exactly what a Hub name goes through) and
+    a dataset saved with save_to_disk give the same tokens as the same records from .jsonl."""
+    import datasets
+
+    folder = write_corpus(tmp_path / "hubstyle", "jsonl")
+    tok = {"kind": "byte"}
+    via_hub = load(
+        data_settings("h", {"kind": "hub", "path": str(folder), "split": "train", "text_field": "body"}, tok), tmp_path / "root"
+    )
+    datasets.Dataset.from_dict({"body": DOCS}).save_to_disk(str(tmp_path / "saved"))
+    via_disk = load(
+        data_settings("d", {"kind": "disk", "path": str(tmp_path / "saved"), "text_field": "body"}, tok), tmp_path / "root"
+    )
+    via_local = load(data_settings("l", {"kind": "local", "path": str(folder), "text_field": "body"}, tok), tmp_path / "root")
+    assert _stream(via_hub) == _stream(via_disk) == _stream(via_local)
+
+
+@pytest.mark.parametrize(
+    "source, match",
+    [
+        ({"kind": "local", "path": "/nonexistent/corpus"}, "no such file or folder"),
+        ({"kind": "local", "path": "EMPTY"}, "holds no .txt"),
+        ({"kind": "local", "path": "BLANKS"}, "corpus is empty"),
+        ({"kind": "local", "path": "JSONL", "text_field": "content"}, "no text field 'content'; its fields are id, body"),
+        (
+            {"kind": "hub", "path": "someone/not-downloaded-here"},
+            "cannot reach Hub dataset someone/not-downloaded-here.*save_to_disk",
+        ),
+        ({"kind": "disk", "path": "/nonexistent/saved"}, "does not exist"),
+        ({"kind": "url"}, "data.source.url is required"),
+        ({"kind": "ftp"}, "data.source.kind='ftp' is unknown"),
+    ],
+)
+def test_data_errors_are_clear_and_leave_nothing_behind(tmp_path, source, match, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "blanks").mkdir()
+    (tmp_path / "blanks" / "a.txt").write_text("")
+    jsonl = write_corpus(tmp_path / "jsonl", "jsonl")
+    source = dict(source)
+    if "path" in source:
+        source["path"] = {"EMPTY": str(tmp_path / "empty"), "BLANKS": str(tmp_path / "blanks"), "JSONL": str(jsonl)}.get(
+            source["path"], source["path"]
+        )
+    with pytest.raises(TinyGPTError, match=match):
+        load(data_settings("bad", source, {"kind": "byte"}), tmp_path / "root")
+    out = tmp_path / "root" / "bad"
+    assert not out.exists() or not any(out.iterdir())

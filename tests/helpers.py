@@ -1,0 +1,104 @@
+"""What tests share besides fixtures (those live in conftest.py): paths, running the commands
+as a user types them, composing the real configs, and the one-line error check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+SHARED_RANKS = REPO.parent / "shared" / "data" / "tiktoken" / "r50k_base.tiktoken"
+R50K_CACHE_NAME = "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4"  # sha1 of tiktoken's r50k_base URL
+
+
+def run_script(
+    script: str, args: list[str], cwd: Path, data_dir: Path, timeout: float = 300, stdin: str | None = None
+) -> subprocess.CompletedProcess:
+    """`python train.py ...` / `python sample.py ...` (the checkout's shims), or for any other
+    name `python -m gpt <name> ...` (the `tinygpt` console command)."""
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    command = [sys.executable, str(REPO / script)] if script.endswith(".py") else [sys.executable, "-m", "gpt", script]
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=stdin)
+
+
+def compose(overrides: list[str], output_dir: Path | None = None, config_name: str = "config"):
+    """The settings train.py would build from these overrides (the compose API sets no run
+    directory: `output_dir` is the run's)."""
+    from gpt.apps.common import compose as compose_settings
+
+    extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []
+    return compose_settings(config_name, [*extra, *overrides])
+
+
+def assert_one_line_error(proc, *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# --- corpora and tokenizers the tests write themselves ------------------------------------------
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 50
+DOCS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i * 7}.\nSecond line of {i}." for i in range(12)]
+
+
+def write_ranks(path: Path, extra_pairs: int = 40, big: bool = False) -> Path:
+    """A tiny BPE ranks file in tiktoken's format: every single byte, then some merges."""
+    import base64
+
+    tokens = [bytes([b]) for b in range(256)]
+    if big:  # every 2-byte pair and then some: a vocabulary beyond uint16
+        tokens += [bytes([a, b]) for a in range(256) for b in range(256)] + [b"the", b"and", b" of"]
+    else:
+        tokens += [b"th", b"he", b"the", b" t", b"an", b"nd", b"and", b"in", b"er", b" a"][:extra_pairs]
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    return path
+
+
+def write_corpus(folder: Path, kind: str) -> Path:
+    """DOCS as .txt/.md files (one per document) or as .jsonl/.parquet records (field `body`)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind in ("txt", "md"):
+        for i, doc in enumerate(DOCS):
+            (folder / f"doc{i:02d}.{kind}").write_text(doc)
+    elif kind == "jsonl":
+        (folder / "part.jsonl").write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(DOCS)))
+    elif kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": list(range(len(DOCS))), "body": DOCS}), folder / "part.parquet")
+    return folder
+
+
+def data_settings(name: str, source: dict, tokenizer: dict, **kw):
+    """DataSettings for a test corpus: documents split 25% to val, seed 3, one process."""
+    from gpt.config import DataSettings, from_dict
+
+    values = {
+        "name": name,
+        "tokenizer": tokenizer,
+        "source": source,
+        "val_fraction": 0.25,
+        "split_by": "documents",
+        "seed": 3,
+        "num_proc": 1,
+        **kw,
+    }
+    return from_dict(DataSettings, values, "data")
+
+
+def load(settings, root: Path):
+    """gpt.data.load_data, quietly."""
+    from gpt.data import load_data
+
+    return load_data(settings, root, log=lambda *a: None)

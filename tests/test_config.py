@@ -1,0 +1,184 @@
+"""gpt/config.py and configs/: every setting has one typed schema and one default. Every group
+option composes onto its schema, no YAML file restates a default, and settings built in Python
+are checked like composed ones. Run: pytest tests/test_config.py"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+import pytest
+import torch
+import yaml
+
+from gpt import architectures
+from gpt.apps.common import compose, config_dir
+from gpt.config import (
+    AdamWSettings,
+    DataSettings,
+    FinetuneSettings,
+    GPTSettings,
+    MuonSettings,
+    PathsSettings,
+    RNNSettings,
+    RunConfig,
+    SampleConfig,
+    SamplingSettings,
+    TrainSettings,
+    from_dict,
+)
+from gpt.errors import TinyGPTError
+from gpt.model import GPT
+from gpt.optim import CosineSchedule
+
+CONFIGS = config_dir()
+GROUPS = ("model", "data", "optim", "experiment", "debug")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def _yaml(path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _leaves(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _lookup(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_composes_onto_its_schema(group):
+    for option in _options(group):
+        extra = ["data.source.path=corpus"] if option == "local" else []
+        settings = compose("config", [f"{group}={option}", *extra])
+        assert isinstance(settings, RunConfig) and isinstance(settings.data, DataSettings)
+        assert type(settings.model) in (GPTSettings, RNNSettings) and type(settings.optim) in (AdamWSettings, MuonSettings)
+        CosineSchedule.from_settings(settings.optim, settings.train.max_iters)
+        architectures.config_from_settings(settings.model, vocab_size=65)
+
+
+def test_the_other_commands_compose():
+    assert compose("sample", []).temperature == SamplingSettings().temperature
+    assert compose("eval", []).data is None and compose("eval", ["data=shakespeare"]).data.name == "shakespeare"
+    assert compose("export", ["out=x"]).out == "x" and compose("sweep", ["dir=y"]).dir == "y"
+
+
+@pytest.mark.parametrize("group", ("model", "data", "optim"))
+def test_no_group_option_restates_a_default(group):
+    """A value in a group file must differ from what its schema (or the file it extends) gives:
+    a default lives in gpt/config.py only, so the two cannot drift apart."""
+    from omegaconf import OmegaConf
+
+    for option in _options(group):
+        raw = _yaml(CONFIGS / group / f"{option}.yaml")
+        bases = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+        if group == "data":  # typed by RunConfig.data; a data file may extend another one
+            base = OmegaConf.structured(DataSettings)
+            for parent in bases:
+                base = OmegaConf.merge(base, _yaml(CONFIGS / group / f"{parent}.yaml"))
+        else:
+            schema = {
+                "schema_gpt": GPTSettings,
+                "schema_rnn": RNNSettings,
+                "schema_adamw": AdamWSettings,
+                "schema_muon": MuonSettings,
+            }[bases[0]]
+            base = OmegaConf.structured(schema)
+        for key, value in _leaves(raw).items():
+            section = key.rpartition(".")[0]
+            if section and OmegaConf.is_missing(base, section):
+                continue  # a required section (data.source): no default to restate
+            assert OmegaConf.select(base, key, throw_on_missing=False) != value, f"{group}/{option}.yaml restates {key}: {value}"
+
+
+@pytest.mark.parametrize("group", ("experiment", "debug"))
+def test_no_global_option_restates_what_it_changes(group):
+    """An experiment holds deltas only: each value differs from the config it modifies (with the
+    groups it selects, e.g. `override /optim: adamw`, already applied)."""
+    for option in _options(group):
+        raw = _yaml(CONFIGS / group / f"{option}.yaml")
+        picks = [f"{k.split()[-1].lstrip('/')}={v}" for d in raw.pop("defaults", []) if isinstance(d, dict) for k, v in d.items()]
+        raw.pop("hydra", None)  # the sweeper's settings: Hydra's, not ours
+        base = asdict(compose("config", picks))
+        for key, value in _leaves(raw).items():
+            assert _lookup(base, key) != value, f"{group}/{option}.yaml restates {key}: {value}"
+
+
+def test_root_configs_only_pick_groups():
+    for path in CONFIGS.glob("*.yaml"):
+        assert set(_yaml(path)) == {"defaults"}, f"{path.name}: settings belong in gpt/config.py"
+
+
+def test_the_default_config_is_the_schema_defaults():
+    settings = compose("config", [])
+    assert settings.train == TrainSettings() and settings.finetune == FinetuneSettings() and settings.paths == PathsSettings()
+    assert settings.optim == MuonSettings() and settings.model == GPTSettings(name="gpt-micro")
+    assert compose("config", ["optim=adamw"]).optim == AdamWSettings()
+    assert {
+        f.name: getattr(settings, f.name)
+        for f in fields(RunConfig)
+        if f.name not in ("model", "data", "optim", "train", "finetune", "paths")
+    } == {"seed": 1337, "resume": "auto", "init_from": None, "device": "auto", "dtype": "auto", "compile": "auto"}
+    assert compose("sample", []) == SampleConfig()
+
+
+def test_quickstart_defaults():
+    s = compose("config", [])
+    assert (s.model.n_layer, s.model.n_head, s.model.n_embd, s.model.block_size, s.model.dropout) == (4, 4, 128, 64, 0.0)
+    assert (s.train.batch_size, s.train.max_iters) == (12, 2000) and s.data.name == "shakespeare_char"
+    assert CosineSchedule.from_settings(s.optim, s.train.max_iters).decay_iters == 2000
+
+
+def test_shakespeare_char_experiment_is_the_baby_gpt():
+    s = compose("config", ["experiment=shakespeare_char"])
+    assert (s.model.n_layer, s.model.n_head, s.model.n_embd, s.model.block_size, s.model.dropout) == (6, 6, 384, 256, 0.2)
+    assert (s.train.batch_size, s.train.max_iters, s.optim.lr, s.optim.name) == (64, 5000, 1e-3, "adamw")
+    assert CosineSchedule.from_settings(s.optim, s.train.max_iters).decay_iters == 5000  # follows the experiment's length
+
+
+def test_debug_tiny_is_a_tiny_run():
+    s = compose("config", ["debug=tiny"])
+    assert (s.model.name, s.model.n_layer, s.model.n_embd, s.model.block_size) == ("gpt-nano", 1, 16, 16)
+    assert (s.train.max_iters, s.train.batch_size, s.train.eval_interval) == (20, 4, 10)
+
+
+def test_data_dir_follows_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYGPT_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert compose("config", []).paths.data_root() == tmp_path / "elsewhere"
+    assert compose("config", [f"paths.data_dir={tmp_path}"]).paths.data_root() == tmp_path
+    monkeypatch.delenv("TINYGPT_DATA_DIR")
+    assert PathsSettings().data_root() == (tmp_path.home() / ".cache" / "tinygpt")
+
+
+def test_gpt2_preset_has_124m_parameters():
+    s = compose("config", ["model=gpt2"])
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        model = GPT(architectures.config_from_settings(s.model))
+    assert model.config.vocab_size == 50257
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert model.num_params() == 124_439_808
+
+
+def test_settings_built_in_python_are_checked_too():
+    with pytest.raises(TinyGPTError, match="train.max_iters must be an integer, got 'many'"):
+        TrainSettings(max_iters="many")
+    with pytest.raises(TinyGPTError, match="train.eval_interval must be a positive integer"):
+        TrainSettings(eval_interval=0)
+    with pytest.raises(TinyGPTError, match="data.name is required"):
+        DataSettings(source=from_dict(DataSettings, {"name": "x", "source": {"kind": "local", "path": "p"}}).source)
+    assert from_dict(DataSettings, {"name": "x", "source": {"kind": "local", "path": "p"}}).tokenizer.kind == "char"
+    with pytest.raises(TinyGPTError, match="unknown setting.*data.source.pth"):
+        from_dict(DataSettings, {"name": "x", "source": {"kind": "local", "pth": "p"}}, "data")
+    assert AdamWSettings(lr=1).lr == 1.0 and isinstance(AdamWSettings(lr=1).lr, float)

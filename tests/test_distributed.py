@@ -1,0 +1,120 @@
+"""gpt/distributed.py: where a process sits (torchrun, SLURM), and two CPU processes under
+torchrun training exactly like one process with twice the batch, stopping together on SIGTERM.
+Run: pytest tests/test_distributed.py"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gpt import checkpoint
+from helpers import REPO, run_script
+
+
+def _metrics(run_dir, kind):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(line)["kind"] == kind]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
+    root, data_overrides = data_root
+    common = ["debug=tiny", "train.eval_interval=10", "train.log_interval=1", "optim.warmup_iters=5", "train.sample_tokens=0"] + [
+        *data_overrides,
+        "train.max_iters=12",
+        "device=cpu",
+        f"train.grad_accum_steps={accum}",
+    ]
+    single = run_script("train.py", [*common, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert single.returncode == 0, single.stderr[-2000:]
+    work = tmp_path / "ddp"
+    work.mkdir()
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "train.py"),
+            *common,
+            "train.batch_size=4",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "DDP over 2 processes" in ddp.stdout
+    assert f"micro-batch 4 x accum {accum} x 2 process(es) = global batch of {128 * accum}" in ddp.stdout
+    runs = list((work / "outputs" / "runs").iterdir())
+    assert len(runs) == 1 and sorted(p.name for p in work.iterdir()) == ["outputs"]  # rank 1 made no run dir or log
+    one, two = _metrics(tmp_path / "one", "train"), _metrics(runs[0], "train")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 13))
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(one, two)) <= 1e-5
+    evals_one, evals_two = _metrics(tmp_path / "one", "eval"), _metrics(runs[0], "eval")
+    assert max(abs(a["val"] - b["val"]) for a, b in zip(evals_one, evals_two)) <= 1e-5
+
+
+def _sigterm_after_step_5(cmd: list[str], cwd, env) -> tuple[int, str, str]:
+    """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end.
+    Returns (exit status, stdout, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_root):
+    """A scheduler preempts the launcher: torchrun forwards SIGTERM to both workers, which agree
+    on the step to stop at, rank 0 saves, and both exit. (torchrun itself then reports the signal
+    and exits non-zero; that part is its own.) The same command again resumes."""
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    common = ["debug=tiny", *data_overrides, "device=cpu", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
+    _, out, err = _sigterm_after_step_5([*launch, *common, "train.max_iters=100000"], tmp_path, env)
+    assert "stopped at step" in out and "resume with: torchrun" in out, err[-2000:]
+    stopped_at = checkpoint.load(checkpoint.latest(run_dir)).step
+    assert stopped_at >= 5 and len(checkpoint.step_checkpoints(run_dir)) == 1
+
+    resumed = subprocess.run(
+        [*launch, *common, f"train.max_iters={stopped_at + 3}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"at step {stopped_at}" in resumed.stdout and "resuming from" in resumed.stdout
+    assert checkpoint.load(checkpoint.latest(run_dir)).step == stopped_at + 3
+
+
+def test_process_placement_from_torchrun_or_slurm(monkeypatch):
+    from gpt import distributed
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"):
+        monkeypatch.delenv(var, raising=False)
+    assert distributed.from_env() == distributed.Dist(0, 0, 1)
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert distributed.from_env() == distributed.Dist(5, 1, 8)
+    monkeypatch.setenv("RANK", "3")  # torchrun inside a SLURM allocation: torchrun's view wins
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert distributed.from_env() == distributed.Dist(3, 3, 4)

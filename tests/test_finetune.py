@@ -1,0 +1,112 @@
+"""gpt/finetune.py: training from trained weights (an exported GPT-2 folder or a run of ours):
+freezing, LoRA adapters that resume and merge, tokenizer and base-model checks.
+Run: pytest tests/test_finetune.py"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpt import checkpoint, loading
+from gpt.errors import TinyGPTError
+from gpt.pretrained import export_hf
+from gpt.training import train
+from helpers import compose
+
+
+def _char_overrides(root, data_overrides, steps=6):
+    return [
+        "debug=tiny",
+        *data_overrides,
+        f"paths.data_dir={root}",
+        f"train.max_iters={steps}",
+        "train.eval_interval=3",
+        "train.sample_tokens=0",
+    ]
+
+
+def test_finetune_from_an_exported_then_reimported_model(tmp_path, data_root):
+    root, data_overrides = data_root
+    base = _char_overrides(root, data_overrides)
+    train(compose(base, tmp_path / "pretrain"))
+    loaded = loading.load(str(tmp_path / "pretrain"))
+    model = loaded.model
+    export_hf(model, loaded.tokenizer(), tmp_path / "hf")
+
+    losses = []
+    train(
+        compose(
+            [
+                *base,
+                f"init_from={tmp_path / 'hf'}",
+                "finetune.freeze_layers=1",
+                "finetune.freeze_embeddings=true",
+                "optim.lr=1e-3",
+            ],
+            tmp_path / "finetune",
+        ),
+        on_step=lambda step, loss: losses.append(loss),
+    )
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    tuned = checkpoint.load(checkpoint.latest(tmp_path / "finetune")).model
+    start = model.state_dict()
+    for key in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight"):
+        assert torch.equal(tuned[key], start[key]), key  # frozen
+    assert not torch.equal(tuned["transformer.ln_f.weight"], start["transformer.ln_f.weight"])  # trained
+
+
+def test_lora_finetune_resumes_and_samples_merged(tmp_path, data_root):
+    root, data_overrides = data_root
+    base = _char_overrides(root, data_overrides)
+    train(compose(base, tmp_path / "pretrain"))
+    lora = [*base, f"init_from={tmp_path / 'pretrain'}", "finetune.lora_rank=2", "optim.lr=1e-2", "optim.decay_iters=8"]
+    train(compose([*lora, "train.max_iters=6"], tmp_path / "ft"))
+    train(compose([*lora, "train.max_iters=8"], tmp_path / "ft"))  # resumes the adapters
+    step_ckpt = checkpoint.load(checkpoint.latest(tmp_path / "ft"))
+    assert step_ckpt.step == 8 and any(".lora_A" in k for k in step_ckpt.model) and step_ckpt.lora["rank"] == 2
+    best = checkpoint.load(tmp_path / "ft" / "checkpoints" / "best.pt")
+    assert not any(".lora_" in k for k in best.model) and best.lora is None  # merged for sampling and export
+    step_model = loading.load(str(checkpoint.latest(tmp_path / "ft"))).model  # adapters folded in on load
+    best_model = loading.load(str(tmp_path / "ft")).model
+    idx = torch.randint(0, 10, (1, 8))
+    with torch.no_grad():
+        assert torch.allclose(step_model(idx)[0], best_model(idx)[0], atol=1e-5)
+
+
+def test_tokenizer_mismatch_and_missing_base(tmp_path, data_root):
+    root, data_overrides = data_root
+    base = _char_overrides(root, data_overrides)
+    train(compose(base, tmp_path / "pretrain"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"{i}.txt").write_text("some bytes of text to train on, long enough for a window " * 3)
+    byte_data = [
+        "debug=tiny",
+        "data=local",
+        f"data.source.path={corpus}",
+        "data.name=bytes",
+        "data.tokenizer.kind=byte",
+        f"paths.data_dir={root}",
+        "train.max_iters=2",
+    ]
+    with pytest.raises(TinyGPTError, match="tokenizer"):
+        train(compose([*byte_data, f"init_from={tmp_path / 'pretrain'}"], tmp_path / "x"))
+    with pytest.raises(TinyGPTError, match="init_from=/nowhere"):
+        train(compose([*base, "init_from=/nowhere"], tmp_path / "y"))
+    with pytest.raises(TinyGPTError, match="needs a model to start from"):
+        train(compose([*base, "experiment=finetune_char"], tmp_path / "z"))
+
+
+def test_lora_run_resumes_with_its_adapters_without_repeating_the_flag(tmp_path, data_root):
+    root, data_overrides = data_root
+    base = _char_overrides(root, data_overrides)
+    train(compose(base, tmp_path / "pretrain"))
+    lora = [*base, f"init_from={tmp_path / 'pretrain'}", "optim.decay_iters=8"]
+    train(compose([*lora, "finetune.lora_rank=2", "train.max_iters=6"], tmp_path / "ft"))
+    train(compose([*lora, "train.max_iters=8"], tmp_path / "ft"))  # no lora_rank given: taken from the checkpoint
+    assert checkpoint.load(checkpoint.latest(tmp_path / "ft")).lora["rank"] == 2
+    with pytest.raises(TinyGPTError, match="lora_rank=2"):
+        train(compose([*lora, "finetune.lora_rank=4", "train.max_iters=10"], tmp_path / "ft"))

@@ -1,0 +1,52 @@
+"""gpt/leaderboard.py: a sweep folder summarised, partial and crashed runs included.
+Run: pytest tests/test_leaderboard.py"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from gpt.errors import TinyGPTError
+from gpt.leaderboard import write_leaderboard
+
+
+def _fake_job(sweep, n, status=None, best=None, curve=()):
+    job = sweep / str(n)
+    job.mkdir(parents=True)
+    if status:
+        (job / "summary.json").write_text(
+            json.dumps({"status": status, "best_val_loss": best, "final_val_loss": best, "step": 10, "overrides": [f"x={n}"]})
+        )
+    with open(job / "metrics.jsonl", "w") as f:
+        for step, val in curve:
+            f.write(json.dumps({"kind": "eval", "step": step, "train": val, "val": val}) + "\n")
+        f.write('{"kind": "eval", "st')  # a record cut short by a crash
+
+
+def test_leaderboard_marks_partial_and_crashed_runs(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    assert write_leaderboard(sweep) == []
+    assert "No runs yet" in (sweep / "leaderboard.md").read_text() and (sweep / "val_curves.png").exists()
+
+    _fake_job(sweep, 0, "finished", 2.0, [(0, 4.0), (10, 2.0)])
+    _fake_job(sweep, 1, "failed", 1.5, [(0, 4.0), (5, 1.5)])
+    _fake_job(sweep, 2, "running", None, [])
+    _fake_job(sweep, 3, None)  # crashed before writing anything
+    _fake_job(sweep, 4, "finished", 1.8, [(0, 4.0), (10, 1.8)])
+    (sweep / "multirun.yaml").write_text("not a job")
+    rows = write_leaderboard(sweep)
+    assert [(r["run"], r["status"]) for r in rows] == [
+        ("1", "failed"),
+        ("4", "finished"),
+        ("0", "finished"),
+        ("2", "running"),
+        ("3", "no summary"),
+    ]
+    with open(sweep / "leaderboard.csv") as f:
+        assert [r["run"] for r in csv.DictReader(f)] == ["1", "4", "0", "2", "3"]
+    assert (sweep / "val_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(TinyGPTError, match="does not exist"):
+        write_leaderboard(tmp_path / "nope")

@@ -1,0 +1,84 @@
+"""gpt/loading.py: one loader for a checkpoint, a run directory, a Hugging Face GPT-2 folder or
+the newest run. Run: pytest tests/test_loading.py"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt import checkpoint, loading
+from gpt.checkpoint import Checkpoint
+from gpt.errors import TinyGPTError
+from gpt.lora import apply_lora
+from gpt.model import GPT, GPTConfig
+from gpt.pretrained import export_hf
+from gpt.tokenizer import CharTokenizer
+
+CHARS = list("abcdefgh")
+
+
+def _run(tmp_path, lora: bool = False) -> tuple[GPT, str]:
+    """A run directory with best.pt and one step checkpoint of a random model."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    run = tmp_path / "run"
+    spec = {"kind": "char", "chars": CHARS}
+    weights = Checkpoint(model=model.state_dict(), model_config=model.config.to_dict(), tokenizer=spec, step=4, best_val_loss=2.5)
+    checkpoint.save(run / checkpoint.CKPT_DIR / checkpoint.BEST, weights)
+    if lora:
+        apply_lora(model, rank=2, alpha=4.0)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_B" in name:
+                    p.normal_(0, 0.5)
+    step = Checkpoint(
+        model=model.state_dict(),
+        model_config=model.config.to_dict(),
+        tokenizer=spec,
+        step=4,
+        lora={"rank": 2, "alpha": 4.0} if lora else None,
+    )
+    checkpoint.save(run / checkpoint.CKPT_DIR / checkpoint.step_file(4), step)
+    return model.eval(), str(run)
+
+
+def test_a_run_dir_a_checkpoint_and_the_newest_run_load_the_same_model(tmp_path):
+    model, run = _run(tmp_path)
+    idx = torch.randint(0, 8, (2, 8))
+    by_dir = loading.load(run)
+    assert by_dir.source.endswith("checkpoints/best.pt") and by_dir.checkpoint.step == 4
+    assert by_dir.tokenizer().decode([0, 7]) == "ah" and not by_dir.model.training
+    newest = loading.load(loading.choose(runs_dir=tmp_path))
+    by_file = loading.load(loading.choose(ckpt=by_dir.source))
+    with torch.no_grad():
+        for other in (newest, by_file):
+            assert torch.equal(other.model(idx)[0], model(idx)[0])
+    assert loading.choose(init_from="gpt2", ckpt="ignored.pt") == "gpt2"
+
+
+def test_lora_adapters_are_folded_in_on_load(tmp_path):
+    model, run = _run(tmp_path, lora=True)
+    loaded = loading.load(str(checkpoint.latest(run)))
+    assert not any(".lora_" in k for k in loaded.model.state_dict())
+    idx = torch.randint(0, 8, (2, 8))
+    with torch.no_grad():
+        assert (loaded.model(idx)[0] - model(idx)[0]).abs().max() < 1e-5
+
+
+def test_a_hugging_face_folder_loads_with_its_tokenizer(tmp_path):
+    model, run = _run(tmp_path)
+    export_hf(model, CharTokenizer(CHARS), tmp_path / "hf")
+    loaded = loading.load(str(tmp_path / "hf"), dropout=0.1)
+    assert loaded.checkpoint is None and loaded.tokenizer_spec == {"kind": "char", "chars": CHARS}
+    assert loaded.model.config.dropout == 0.1
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(TinyGPTError, match="init_from=/nowhere is not a GPT-2 name"):
+        loading.load("/nowhere")
+    model, run = _run(tmp_path)
+    bad = checkpoint.load(checkpoint.latest(run))
+    bad.model["transformer.wte.weight"] = torch.zeros(3, 3)
+    checkpoint.save(tmp_path / "bad.pt", bad)
+    with pytest.raises(TinyGPTError, match="weights do not fit its own model settings"):
+        loading.load(str(tmp_path / "bad.pt"))

@@ -1,0 +1,55 @@
+"""gpt/rnn.py: one step of each recurrent model equals its textbook equations, and the fused
+kernels equal the explicit steps. Run: pytest tests/test_rnn.py"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt.rnn import RecurrentLM, RNNConfig, RNNState
+
+
+def _hand_step(arch, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    """The textbook equations, written independently of gpt/rnn.py."""
+    sig = torch.sigmoid
+    if arch == "rnn":
+        return torch.tanh(w_ih @ x + b_ih + w_hh @ h + b_hh), None
+    H = h.numel()
+    Wi, Wh = w_ih.view(-1, H, x.numel()), w_hh.view(-1, H, H)
+    bi, bh = b_ih.view(-1, H), b_hh.view(-1, H)
+    gate = lambda n, act: act(Wi[n] @ x + bi[n] + Wh[n] @ h + bh[n])  # noqa: E731
+    if arch == "lstm":
+        i, f, g, o = gate(0, sig), gate(1, sig), gate(2, torch.tanh), gate(3, sig)
+        c = f * c + i * g
+        return o * torch.tanh(c), c
+    r, z = gate(0, sig), gate(1, sig)
+    n = torch.tanh(Wi[2] @ x + bi[2] + r * (Wh[2] @ h + bh[2]))
+    return (1 - z) * n + z * h, None
+
+
+@pytest.mark.parametrize("arch", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("impl", ["fused", "explicit"])
+def test_recurrent_step_equals_its_equations(arch, impl):
+    torch.manual_seed(0)
+    model = RecurrentLM(RNNConfig(arch=arch, vocab_size=10, n_layer=1, n_embd=6, n_hidden=5, impl=impl)).eval()
+    w = [getattr(model.rnn, f"{n}_l0").detach() for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    x = model.embedding.weight[3].detach()
+    h0, c0 = torch.randn(5), torch.randn(5)
+    state = RNNState(h0.view(1, 1, 5), c0.view(1, 1, 5) if arch == "lstm" else None)
+    logits, _ = model(torch.tensor([[3]]), cache=state)
+    h1, c1 = _hand_step(arch, x, h0, c0, *w)
+    assert torch.allclose(state.h.view(5), h1, atol=1e-6)
+    if arch == "lstm":
+        assert torch.allclose(state.c.view(5), c1, atol=1e-6)
+    # y_t = V h_t (+ bias): the logits come from the new hidden state
+    assert torch.allclose(logits.view(10), model.lm_head.weight @ h1 + model.lm_head.bias, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["rnn", "lstm", "gru"])
+def test_fused_and_explicit_recurrences_agree_over_a_sequence(arch):
+    torch.manual_seed(0)
+    fused = RecurrentLM(RNNConfig(arch=arch, vocab_size=10, n_layer=2, n_embd=6, n_hidden=5)).eval()
+    explicit = RecurrentLM(RNNConfig(arch=arch, vocab_size=10, n_layer=2, n_embd=6, n_hidden=5, impl="explicit")).eval()
+    explicit.load_state_dict(fused.state_dict())
+    idx = torch.randint(0, 10, (3, 9))
+    assert torch.allclose(fused(idx)[0], explicit(idx)[0], atol=1e-5)

@@ -1,0 +1,247 @@
+"""gpt/training/loop.py: the step (accumulation, clipping, the non-finite guard), exact resume,
+the public step/evaluate API, and what a run records (TensorBoard, metrics.jsonl, summary.json).
+Run: pytest tests/training/test_loop.py"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import signal
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from gpt import checkpoint, runtime
+from gpt.errors import TinyGPTError
+from gpt.model import GPT, GPTConfig
+from gpt.preemption import Preempted
+from gpt.training import Trainer, build_run, train, train_step
+from helpers import compose
+
+# 30 steps, evals every 10, a loss logged at every step
+ENGINE_RUN = [
+    "debug=tiny",
+    "train.max_iters=30",
+    "train.eval_interval=10",
+    "train.log_interval=1",
+    "optim.warmup_iters=5",
+    "train.sample_tokens=0",
+]
+QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
+
+
+class FixedBatches:
+    def __init__(self, parts):
+        self.parts, self.i = parts, 0
+
+    def next(self):
+        part = self.parts[self.i % len(self.parts)]
+        self.i += 1
+        return part
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_accumulating_half_batches_equals_one_full_batch(clip):
+    rt = runtime.setup("cpu", "float32", False)
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    b = copy.deepcopy(a)
+    before = copy.deepcopy(a)
+    x = torch.randint(0, 32, (8, 8))
+    y = torch.randint(0, 32, (8, 8))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.5)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.5)
+    loss_a, norm_a = train_step(a, FixedBatches([(x, y)]), opt_a, scaler, rt, accum_steps=1, grad_clip=clip)
+    loss_b, norm_b = train_step(
+        b, FixedBatches([(x[:4], y[:4]), (x[4:], y[4:])]), opt_b, scaler, rt, accum_steps=2, grad_clip=clip
+    )
+    assert torch.allclose(loss_a, loss_b, atol=1e-6) and torch.allclose(norm_a, norm_b, atol=1e-6)
+    if clip:  # clipped: the applied gradient has norm `clip`, the reported norm is the raw one
+        total = torch.cat([p.grad.flatten() for p in a.parameters()]).norm()
+        assert norm_a > clip and abs(total.item() - clip) < 1e-4
+    opt_a.step()
+    opt_b.step()
+    moved = max((pa - p0).abs().max().item() for pa, p0 in zip(a.parameters(), before.parameters()))
+    assert moved > 1e-4
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def _train_collecting(cfg: dict, stop_after: int | None = None) -> dict[int, float]:
+    losses: dict[int, float] = {}
+
+    def on_step(step: int, loss: float) -> None:
+        losses[step] = loss
+        if step == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)  # the real preemption path, in-process
+
+    if stop_after is None:
+        train(cfg, on_step=on_step)
+    else:
+        with pytest.raises(Preempted):
+            train(cfg, on_step=on_step)
+    return losses
+
+
+@pytest.mark.parametrize("stop_at, accum, optim", [(13, 1, "adamw"), (10, 2, "adamw"), (13, 1, "muon")])
+def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, accum, optim):
+    root, data_overrides = data_root
+    # dropout: the RNG must resume too; accumulation: the data stream must
+    overrides = [
+        *ENGINE_RUN,
+        *data_overrides,
+        f"paths.data_dir={root}",
+        "model.dropout=0.1",
+        f"train.grad_accum_steps={accum}",
+        f"optim={optim}",
+    ]
+    full = _train_collecting(compose(overrides, tmp_path / "full"))
+    assert sorted(full) == list(range(1, 31))
+
+    first = _train_collecting(compose(overrides, tmp_path / "split"), stop_after=stop_at)
+    assert sorted(first) == list(range(1, stop_at + 1))  # stopped after finishing that step
+    assert checkpoint.latest(tmp_path / "split").name == checkpoint.step_file(stop_at)
+    rest = _train_collecting(compose(overrides, tmp_path / "split"))  # same run dir: resume=auto
+    assert sorted(rest) == list(range(stop_at + 1, 31))
+    assert {**first, **rest} == full  # bitwise: same floats at every step
+    a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)) for d in ("full", "split"))
+    assert a.best_val_loss == b.best_val_loss
+    assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+    evals = lambda d: [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]  # noqa: E731
+    assert [e["step"] for e in evals("split")] == [0, 10, 20, 30]  # no eval repeated or skipped at the resume
+
+
+def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
+    root, data_overrides = data_root
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"]
+    train(compose(overrides, tmp_path / "a"))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()}
+    more = _train_collecting(compose([*overrides, "train.max_iters=40", f"resume={tmp_path / 'a'}"], tmp_path / "b"))
+    assert sorted(more) == list(range(31, 41))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()} == before
+    assert checkpoint.latest(tmp_path / "b").name == "ckpt-0000040.pt"
+
+
+def _poison(monkeypatch, bad_calls):
+    """Make the training forward pass return NaN on the given (1-based) training calls."""
+    real = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = real(self, idx, targets, **kw)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_isolated_nan_steps_are_skipped(tmp_path, data_root, monkeypatch, caplog):
+    root, data_overrides = data_root
+    _poison(monkeypatch, {4, 9})
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=15"], tmp_path))
+    assert caplog.text.count("update skipped") == 2 and "2 non-finite step(s) skipped" in caplog.text
+    ckpt = checkpoint.load(checkpoint.latest(tmp_path))
+    assert ckpt.step == 15 and ckpt.training.bad_steps == 2
+    assert all(torch.isfinite(v).all() for v in ckpt.model.values())
+
+
+def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_root, monkeypatch):
+    root, data_overrides = data_root
+    _poison(monkeypatch, set(range(13, 1000)))
+    cfg = compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_bad_steps=3"], tmp_path)
+    with pytest.raises(TinyGPTError, match="diverged: 3 non-finite steps in a row at step 15.*ckpt-0000010.pt"):
+        train(cfg)
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path)).model.values())
+
+
+def _events(run_dir) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "tensors": 0, "histograms": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def test_event_file_holds_scalars_text_hparams_histograms_and_attention(tmp_path, data_root):
+    root, data_overrides = data_root
+    cfg = compose(
+        [
+            *QUICK,
+            *data_overrides,
+            f"paths.data_dir={root}",
+            "train.eval_sample_tokens=20",
+            "train.histogram_every=1",
+            "train.attention_every=2",
+        ],
+        tmp_path,
+    )
+    train(cfg, overrides=["train.max_iters=10"])
+    acc = _events(tmp_path)
+    tags = acc.Tags()
+    assert {
+        "loss/train",
+        "loss/val",
+        "loss/train_eval",
+        "lr",
+        "grad_norm",
+        "perf/tokens_per_s",
+        "perf/ms_per_step",
+        "hparams/best_val_loss",
+        "hparams/final_val_loss",
+    } <= set(tags["scalars"])
+    assert {"config/text_summary", "samples/text_summary", "sample/text_summary"} <= set(tags["tensors"])
+    assert [e.step for e in acc.Tensors("samples/text_summary")] == [0, 5, 10]
+    assert any(t.startswith("weights/") for t in tags["histograms"]) and any(t.startswith("grads/") for t in tags["histograms"])
+    assert {"attention/layer_0"} <= set(tags["images"])
+    # The hparams live in this run's own event file, with the scores the HParams tab sorts by.
+    plugin = acc.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["optim.lr"].number_value == pytest.approx(cfg.optim.lr)
+    assert start.hparams["optim.name"].string_value == cfg.optim.name
+    assert start.hparams["model.name"].string_value == "gpt-nano"
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} == {"hparams/best_val_loss", "hparams/final_val_loss"}
+    best = [e.value for e in acc.Scalars("hparams/best_val_loss")]
+    assert best == sorted(best, reverse=True) and len(best) == 3
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["step"] == 10 and summary["overrides"] == ["train.max_iters=10"]
+    assert summary["best_val_loss"] == pytest.approx(best[-1]) and summary["params"] > 0
+    assert summary["tokens_seen"] == 10 * 4 * 16 and summary["tokens_per_s"] > 0 and summary["wall_s"] > 0
+
+
+def test_failed_run_leaves_a_failed_summary(tmp_path, data_root, monkeypatch):
+    root, data_overrides = data_root
+
+    def explode(*args, **kwargs):
+        raise TinyGPTError("simulated failure")
+
+    monkeypatch.setattr(Trainer, "_apply_or_skip", explode)
+    with pytest.raises(TinyGPTError):
+        train(compose([*QUICK, *data_overrides, f"paths.data_dir={root}"], tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == "simulated failure"
+    assert summary["best_val_loss"] is not None  # the step-0 eval had happened
+
+
+def test_public_step_and_evaluate_api(tmp_path, data_root):
+    """What benchmarks and notebooks drive: build a run, take steps, evaluate, save."""
+    root, data_overrides = data_root
+    run = build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}"], tmp_path))
+    trainer = Trainer(run)
+    first = trainer.evaluate()
+    losses = [trainer.step()[0].item() for _ in range(5)]
+    assert run.progress.step == 5 and all(loss > 0 for loss in losses)
+    after = trainer.evaluate()
+    assert set(after) == {"train", "val"} and after["val"] < first["val"]
+    path = trainer.save()
+    assert path == tmp_path / "checkpoints" / "ckpt-0000005.pt" and checkpoint.load(path).training is not None
+    assert not (tmp_path / "summary.json").exists()  # records belong to fit()

@@ -1,0 +1,102 @@
+"""gpt/training/setup.py: what a run is built from, checked before it trains: the data fits the
+context, a resumed run keeps its tokenizer and shape, any tokenizer trains end to end.
+Run: pytest tests/training/test_setup.py"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt import loading
+from gpt.config import SamplingSettings
+from gpt.errors import TinyGPTError
+from gpt.generation import generate
+from gpt.training import build_run, train
+from helpers import compose, write_corpus, write_ranks
+
+
+def test_corpus_shorter_than_a_window_and_tokenizer_mismatch(tmp_path):
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    for i in range(4):
+        (tiny / f"{i}.txt").write_text(f"tiny {i}")
+    base = [
+        "debug=tiny",
+        "data=local",
+        f"data.source.path={tiny}",
+        "data.name=tiny",
+        "data.tokenizer.kind=byte",
+        f"paths.data_dir={tmp_path / 'root'}",
+        "data.val_fraction=0.25",
+    ]
+    with pytest.raises(TinyGPTError, match="block_size=16 is longer than the val split"):
+        train(compose(base, tmp_path / "run1"))
+
+    text = tmp_path / "text"
+    write_corpus(text, "txt")
+    ok = [
+        "debug=tiny",
+        "data=local",
+        f"data.source.path={text}",
+        "data.name=text",
+        f"paths.data_dir={tmp_path / 'root'}",
+        "train.max_iters=4",
+        "train.eval_interval=2",
+        "train.sample_tokens=0",
+    ]
+    train(compose([*ok, "data.tokenizer.kind=byte"], tmp_path / "run2"))
+    ranks = write_ranks(tmp_path / "r.tiktoken")
+    other = [*ok, "data.tokenizer.kind=tiktoken", f"data.tokenizer.ranks_file={ranks}", "data.name=text_bpe", "train.max_iters=6"]
+    with pytest.raises(TinyGPTError, match="tokenizer differs"):
+        train(compose(other, tmp_path / "run2"))
+
+
+def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
+    """An Encoding from a ranks file the test wrote: prepare, train, checkpoint, sample."""
+    ranks = write_ranks(tmp_path / "r.tiktoken")
+    corpus = write_corpus(tmp_path / "corpus", "txt")
+    overrides = [
+        "debug=tiny",
+        "data=local",
+        f"data.source.path={corpus}",
+        "data.name=tinybpe",
+        f"data.tokenizer.ranks_file={ranks}",
+        f"paths.data_dir={tmp_path / 'root'}",
+        "train.max_iters=6",
+        "train.eval_interval=3",
+        "train.sample_tokens=0",
+    ]
+    train(compose(overrides, tmp_path / "run"))
+    loaded = loading.load(str(tmp_path / "run"))
+    model, tok = loaded.model, loaded.tokenizer()
+    assert loaded.checkpoint.tokenizer == {"kind": "tiktoken", "name": "gpt2", "ranks_file": str(ranks), "vocab_size": 267}
+    assert tok.vocab_size == 267 and model.config.vocab_size == 267
+    text = generate(model, tok, ["the "], SamplingSettings(max_new_tokens=20, temperature=1.0))[0][0]
+    assert isinstance(text, str) and len(text) > 0
+
+
+def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_root, caplog):
+    root, data_overrides = data_root
+    base = [
+        "debug=tiny",
+        *data_overrides,
+        f"paths.data_dir={root}",
+        "train.max_iters=4",
+        "train.eval_interval=2",
+        "train.sample_tokens=0",
+    ]
+    train(compose(base, tmp_path))
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(compose([*base, "model.n_embd=32", "train.max_iters=6"], tmp_path))
+    assert run.model_config.n_embd == 16 and run.progress.step == 4
+    assert "ignoring model.n_embd=32 (checkpoint: 16)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
+
+
+def test_eval_batches_are_capped_at_the_training_steps(tmp_path, data_root, caplog):
+    root, data_overrides = data_root
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(
+            compose(
+                ["debug=tiny", *data_overrides, f"paths.data_dir={root}", "train.max_iters=3", "train.eval_iters=50"], tmp_path
+            )
+        )
+    assert run.cfg.train.eval_iters == 3 and "eval_iters 50 -> 3" in caplog.text
