@@ -5,6 +5,7 @@ empty directory, with no checkout on the path. Run: pytest -m slow tests/test_pa
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -18,9 +19,13 @@ from helpers import REPO
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    """A wheel built from a clean copy of the sources: a checkout's own build leftovers (an
+    egg-info's file list) must not smuggle in files the packaging settings would miss."""
+    source, out = tmp_path_factory.mktemp("source") / "tinygpt", tmp_path_factory.mktemp("dist")
+    junk = shutil.ignore_patterns("*.egg-info", "build", "dist", "outputs", ".git", "__pycache__", ".pytest_cache", "*venv")
+    shutil.copytree(REPO, source, ignore=junk)
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)],
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(source)],
         check=True,
         capture_output=True,
         text=True,

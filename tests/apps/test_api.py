@@ -34,7 +34,7 @@ def test_train_and_sample_from_python(tmp_path, data_root):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    logged = [line for line in lines if not line.startswith(("SUMMARY ", "TEXTS "))]
+    logged = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith(("SUMMARY ", "TEXTS "))]
     repeated = sorted({line for line in logged if line.strip() and not set(line) <= {"-"} and logged.count(line) > 1})
     assert not repeated, repeated  # each log line once
     summary = json.loads(next(line for line in lines if line.startswith("SUMMARY "))[8:])
