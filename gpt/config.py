@@ -74,8 +74,8 @@ class GPTSettings:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
-    attention: str = "sdpa"  # sdpa (fused kernels) | manual (explicit softmax(QK^T/sqrt(d_k))V)
-    pos_encoding: str = "learned"  # learned | sinusoidal | rope | none
+    attention: str = "sdpa"  # fused kernels, or `manual` (explicit softmax); choices: gpt.model.ATTENTION_IMPLS
+    pos_encoding: str = "learned"  # choices: gpt.model.POS_ENCODINGS
     n_kv_head: int | None = None  # fewer key/value heads than n_head: grouped-query attention
     rope_theta: float = 10000.0
     activation: str = "gelu"  # gelu (exact) | gelu_tanh (OpenAI's GPT-2)
@@ -111,7 +111,7 @@ class TokenizerSettings:
 
 @dataclass
 class SourceSettings:
-    kind: str = MISSING  # url | hub | disk | local
+    kind: str = MISSING  # where documents come from: a kind of gpt.data.sources.SOURCES
     url: str | None = None  # url: where to download from
     sha256: str | None = None  # url: the file's checksum
     filename: str | None = None  # url: where it goes under the data root
@@ -124,13 +124,7 @@ class SourceSettings:
     doc_unit: str = "file"  # local .txt/.md: one document per file | line | paragraph
 
     def __post_init__(self) -> None:
-        check_types(self, "data.source")
-        if self.kind not in ("url", "hub", "disk", "local"):
-            raise TinyGPTError(f"data.source.kind={self.kind!r} is unknown; use url, hub, disk or local")
-        needed = {"url": ("url", "sha256", "filename"), "hub": ("path",), "disk": ("path",), "local": ("path",)}[self.kind]
-        for name in needed:
-            if getattr(self, name) is None:
-                raise TinyGPTError(f"data.source.{name} is required for data.source.kind={self.kind}; set data.source.{name}=...")
+        check_types(self, "data.source")  # which kinds exist and what each needs: gpt.data.sources
 
 
 @dataclass

@@ -29,10 +29,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def preflight(settings: RunConfig) -> None:
-    """The checks that need no data (the model shape; the rest ran when the settings were built)."""
+    """The checks that need no data (model shape, data source, runtime; the others ran when the
+    settings were built)."""
     from gpt import architectures, runtime
+    from gpt.data import sources
 
     architectures.config_from_settings(settings.model, vocab_size=1)
+    sources.check(settings.data.source)
     device, _ = runtime.pick_device(settings.device)
     runtime.pick_dtype(device, settings.dtype)
     runtime.pick_compile(device, settings.compile)
@@ -80,14 +83,31 @@ def _task(cfg) -> float:
     """One training job (a multirun calls it once per job); returns what sweepers minimise."""
     from hydra.core.hydra_config import HydraConfig
 
+    from gpt import distributed
+    from gpt.preemption import Preempted
+    from gpt.tracking import logger
     from gpt.training import train  # imported here so that `--help` and config errors stay fast
 
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
+    dist = distributed.from_env()
+    say = logger.info if dist.is_main else (lambda *a: None)
 
     def run() -> float:
         settings = common.settings_of(cfg)
         settings.paths.output_dir = settings.paths.output_dir or hydra_cfg.runtime.output_dir
-        return train(settings, overrides=overrides)["best_val_loss"]
+        try:
+            summary = train(settings, overrides=overrides)
+        except Preempted:
+            launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
+            say(f"resume with: {launcher} <the same overrides> hydra.run.dir={settings.paths.output_dir}")
+            raise
+        say(f"sample with: {_command('sample')} run_dir={summary['run_dir']}")
+        return summary["best_val_loss"]
 
     return common.guard(run)
+
+
+def _command(name: str) -> str:
+    """How the user runs command `name`: as a checkout's script if that is how training started."""
+    return f"python {name}.py" if Path(sys.argv[0]).name == "train.py" else f"tinygpt {name}"

@@ -30,22 +30,39 @@ class Source:
 def open_source(src: SourceSettings, data_root: Path, log=print) -> Source:
     """The source's identity now, its documents when iterated: prepared data whose fingerprint
     matches is reused without touching the network or the raw files."""
-    if src.kind == "url":
-        return Source(_url_documents(src, data_root, log), f"url sha256={src.sha256}")
-    if src.kind == "hub":
-        ident = f"hub {src.path} {src.config} {src.split} rev={src.revision} field={src.text_field}"
-        return Source(_hub(src), ident)
-    if src.kind == "disk":
-        path = Path(src.path).expanduser()
-        if not path.exists():
-            raise TinyGPTError(f"data.source.path={path} does not exist; point it at a folder written by datasets' save_to_disk")
-        stamp = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(path.rglob("*")) if p.is_file())
-        return Source(_disk(src), f"disk {path} {src.split} {src.text_field} {stamp}")
-    if src.kind == "local":
-        files = local_files(str(src.path))
-        stamp = ";".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-        return Source(_local(src, files), f"local {src.doc_unit} {src.text_field} {stamp}")
-    raise TinyGPTError(f"data.source.kind={src.kind!r} is unknown; use url, hub, disk or local")
+    check(src)
+    return SOURCES[src.kind][0](src, data_root, log)
+
+
+def check(src: SourceSettings) -> None:
+    """A known kind, with the settings that kind needs (before anything is opened or written)."""
+    if src.kind not in SOURCES:
+        raise TinyGPTError(f"data.source.kind={src.kind!r} is unknown; use {', '.join(SOURCES)}")
+    for name in SOURCES[src.kind][1]:
+        if getattr(src, name) is None:
+            raise TinyGPTError(f"data.source.{name} is required for data.source.kind={src.kind}; set data.source.{name}=...")
+
+
+def _url(src: SourceSettings, data_root: Path, log) -> Source:
+    return Source(_url_documents(src, data_root, log), f"url sha256={src.sha256}")
+
+
+def _hub_source(src: SourceSettings, data_root: Path, log) -> Source:
+    return Source(_hub(src), f"hub {src.path} {src.config} {src.split} rev={src.revision} field={src.text_field}")
+
+
+def _disk_source(src: SourceSettings, data_root: Path, log) -> Source:
+    path = Path(src.path).expanduser()
+    if not path.exists():
+        raise TinyGPTError(f"data.source.path={path} does not exist; point it at a folder written by datasets' save_to_disk")
+    stamp = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(path.rglob("*")) if p.is_file())
+    return Source(_disk(src), f"disk {path} {src.split} {src.text_field} {stamp}")
+
+
+def _local_source(src: SourceSettings, data_root: Path, log) -> Source:
+    files = local_files(str(src.path))
+    stamp = ";".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    return Source(_local(src, files), f"local {src.doc_unit} {src.text_field} {stamp}")
 
 
 def _url_documents(src: SourceSettings, data_root: Path, log) -> Iterator[str]:
@@ -152,3 +169,13 @@ def _local(src: SourceSettings, files: list[Path]) -> Iterator[str]:
             f"cannot read {src.path} as {builder} files: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}"
         ) from None
     yield from _texts(ds, field, str(src.path))
+
+
+# kind -> (how to open it, the settings it needs); a new source is an entry here (and its
+# settings, when it needs new ones, fields of gpt.config.SourceSettings)
+SOURCES = {
+    "url": (_url, ("url", "sha256", "filename")),
+    "hub": (_hub_source, ("path",)),
+    "disk": (_disk_source, ("path",)),
+    "local": (_local_source, ("path",)),
+}

@@ -245,8 +245,6 @@ class Trainer:
         r = self.run
         path = self.save()
         r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path}")
-        launcher = "torchrun <its options> train.py" if r.dist.enabled else command("train")
-        r.log(f"resume with: {launcher} <the same overrides> hydra.run.dir={r.out_dir}")
 
     def _eval_and_save(self, step: int) -> None:
         r, ts, p = self.run, self.ts, self.run.progress
@@ -296,13 +294,7 @@ class Trainer:
         skipped = f"; {p.bad_total} non-finite step(s) skipped" if p.bad_total else ""
         r.log(f"done in {time.time() - self.t_start:.1f} s: best val loss {p.best_val:.4f} (final {final:.4f}){skipped}")
         r.log(f"checkpoints: {r.ckpt_dir}   tensorboard: tensorboard --logdir {r.out_dir / 'tb'}")
-        r.log(f"sample with: {command('sample')} run_dir={r.out_dir}")
 
 
 def _quiet(*args, **kwargs) -> None:
     pass
-
-
-def command(name: str) -> str:
-    """How the user runs command `name`: as a checkout's script if that is how training started."""
-    return f"python {name}.py" if Path(sys.argv[0]).name == "train.py" else f"tinygpt {name}"
