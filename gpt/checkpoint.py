@@ -29,7 +29,7 @@ from gpt.io import atomic_write, temporary_owner
 
 FORMAT = 2
 CKPT_DIR = "checkpoints"
-RUNS_DIR = "outputs"  # paths.runs_dir's default
+RUN_STAMP = "%Y-%m-%d_%H-%M-%S-%f"  # run folder names; configs/hydra/default.yaml names them alike (tested)
 BEST = "best.pt"
 _STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 _COMPILED_PREFIX = "_orig_mod."
@@ -143,7 +143,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def new_run_dir(runs_dir: str | Path) -> Path:
     """A fresh run directory, named as Hydra names them (configs/hydra/default.yaml): to the
     microsecond, so parallel launches never share one."""
-    return (Path(runs_dir).expanduser() / "runs" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")).absolute()
+    return (Path(runs_dir).expanduser() / "runs" / datetime.now().strftime(RUN_STAMP)).absolute()
 
 
 def step_file(step: int) -> str:
@@ -227,9 +227,11 @@ AUTO, NEVER = "auto", "never"
 def parse_resume(value) -> str | Path:
     """The `resume` setting, read in this one place: AUTO, NEVER, or the path it names."""
     text = str(value).strip()
-    if text.lower() in ("auto", "true"):
+    if value is not None and text == "":
+        raise TinyGPTError("resume= is empty; use resume=auto, resume=false, or a checkpoint / run directory")
+    if value is None or text.lower() in ("auto", "true", "none", "null"):
         return AUTO
-    if text.lower() in ("false", "never", "none", "null", ""):
+    if text.lower() in ("false", "never"):
         return NEVER
     return Path(text).expanduser()
 

@@ -47,8 +47,17 @@ def check_types(obj, section: str) -> None:
             continue
         # bool is a subclass of int; `n_layer=true` is a mistake, not 1.
         if not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in allowed if t is not type(None)):
-            want = " or ".join(_NAMES.get(t, "null") for t in allowed)
-            raise TinyGPTError(f"{_key(section, f.name)} must be {want}, got {value!r}")
+            raise TinyGPTError(f"{_key(section, f.name)} must be {expected_type(type(obj), f.name)}, got {value!r}")
+
+
+def expected_type(cls, name: str) -> str | None:
+    """'an integer', 'a number or null', ...: what field `name` of settings class `cls` takes."""
+    hints = typing.get_type_hints(cls) if hasattr(cls, "__dataclass_fields__") else {}
+    if name not in hints:
+        return None
+    allowed = typing.get_args(hints[name]) or (hints[name],)
+    names = [_NAMES.get(t, "null" if t is type(None) else None) for t in allowed]
+    return " or ".join(names) if all(names) else None
 
 
 def _at_least(obj, section: str, minimum: int, names: tuple[str, ...], hint: str = "") -> None:
@@ -294,7 +303,7 @@ class RunConfig:
     finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
     paths: PathsSettings = field(default_factory=PathsSettings)
     seed: int = 1337
-    resume: str = "auto"  # auto (continue this run dir's newest checkpoint) | false | a checkpoint or run dir
+    resume: str | None = "auto"  # auto (continue this run dir's newest checkpoint) | false | a checkpoint or run dir
     init_from: str | None = None  # gpt2 | gpt2-medium | ... | a Hugging Face GPT-2 folder | a tinygpt checkpoint or run dir
     device: str = "auto"  # auto = cuda > mps > cpu; or cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto = bf16 autocast where supported, fp16 + GradScaler on older GPUs, fp32 elsewhere
@@ -302,6 +311,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "")
+        self.compile = self.compile.lower()  # compile=true arrives as "True"
+        if self.compile not in ("auto", "true", "false"):
+            raise TinyGPTError(f"compile={self.compile!r} is not understood; use compile=auto, compile=true or compile=false")
 
 
 # --- sampling and the other commands --------------------------------------------------------

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from gpt import architectures, checkpoint
 from gpt.checkpoint import Checkpoint
+from gpt.config import PathsSettings
 from gpt.errors import TinyGPTError
 from gpt.tokenizer import Tokenizer, tokenizer_from_dict
 
@@ -28,12 +29,12 @@ class Loaded:
 
 
 def choose(
-    ckpt: str | None = None, run_dir: str | None = None, init_from: str | None = None, runs_dir: str | Path = checkpoint.RUNS_DIR
+    ckpt: str | None = None, run_dir: str | None = None, init_from: str | None = None, runs_dir: str | Path | None = None
 ) -> str:
     """What the command-line choices (ckpt=, run_dir=, init_from=, else the newest run) name."""
     if init_from:
         return init_from
-    return str(checkpoint.resolve(ckpt, run_dir, runs_dir))
+    return str(checkpoint.resolve(ckpt, run_dir, runs_dir or PathsSettings().runs_dir))
 
 
 def load(source: str, dropout: float | None = None) -> Loaded:

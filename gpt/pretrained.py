@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from gpt import io
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import TiktokenTokenizer
@@ -124,7 +125,7 @@ def _tokenizer_for(folder: Path, vocab_size: int) -> dict | None:
 def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
     """Write model (and tokenizer files) as a Hugging Face GPT-2 folder that
     `GPT2LMHeadModel.from_pretrained(out_dir)` loads with identical logits."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     c = model.config
     if not isinstance(c, GPTConfig) or c.pos_encoding != "learned" or c.kv_heads != c.n_head or not c.bias:
@@ -137,7 +138,7 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
             continue  # tied to transformer.wte.weight
         value = value.detach().cpu()
         state[key] = (value.t() if key.endswith(_TRANSPOSED) else value).contiguous()
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    io.write_bytes(out / "model.safetensors", save(state, metadata={"format": "pt"}))
     eot = getattr(tokenizer, "eot_id", None)
     config = {
         "model_type": "gpt2",
@@ -161,8 +162,8 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
         "scale_attn_weights": True,
         "use_cache": True,
     }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / "tinygpt_tokenizer.json").write_text(json.dumps(tokenizer.to_dict()))
+    io.write_json(out / "config.json", config, indent=2)
+    io.write_json(out / "tinygpt_tokenizer.json", tokenizer.to_dict())
     # vocab.json/merges.txt mean GPT-2's pre-tokenizer: right for r50k/p50k, wrong for cl100k/o200k.
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in ("gpt2", "r50k_base", "p50k_base"):
         write_gpt2_tokenizer_files(tokenizer, out)
@@ -204,5 +205,5 @@ def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
             parts[best : best + 2] = [parts[best] + parts[best + 1]]
         if len(parts) == 2:
             merges.append(f"{show(parts[0])} {show(parts[1])}")
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    io.write_bytes(out / "vocab.json", json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
+    io.write_bytes(out / "merges.txt", ("#version: 0.2\n" + "\n".join(merges) + "\n").encode("utf-8"))

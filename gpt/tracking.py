@@ -27,6 +27,14 @@ def ensure_console_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def console_redirected(bar_shown: bool):
     """While a progress bar is on screen, log lines go through tqdm.write so they do not break
     it. Only the loggers that print to the console are redirected (tqdm would otherwise add a
@@ -93,7 +101,10 @@ class RunRecords:
     def __init__(self, out_dir: Path | None = None, settings: dict | None = None, first_step: int = 0, **summary):
         self.tb = TensorBoardTracker(out_dir / "tb") if out_dir is not None else NullTracker()
         self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None)
-        self.summary = RunSummary(out_dir / "summary.json" if out_dir is not None else None, **summary)
+        # A resumed run carries its record on (its last eval's figures stay until the next one).
+        earlier = _read_json(out_dir / "summary.json") if out_dir is not None and first_step > 0 else {}
+        earlier = {k: v for k, v in earlier.items() if k not in ("status", "error")}  # this run's own, from now
+        self.summary = RunSummary(out_dir / "summary.json" if out_dir is not None else None, **{**earlier, **summary})
         if out_dir is not None:
             if first_step == 0:
                 self.tb.config(settings)

@@ -45,9 +45,9 @@ def test_conversion_takes_the_vocabulary_and_checks_the_shape():
 
 
 ARCH_RUNS = {
-    "lstm": ["model=lstm", "model.n_hidden=16", "model.n_embd=8", "model.block_size=16"],
-    "gru": ["model=gru", "model.n_hidden=16", "model.n_embd=8", "model.block_size=16"],
-    "rnn": ["model=rnn", "model.n_hidden=16", "model.n_embd=8", "model.block_size=16", "model.n_layer=1"],
+    "lstm": ["debug=tiny", "model=lstm", "model.n_hidden=16"],
+    "gru": ["debug=tiny", "model=gru", "model.n_hidden=16"],
+    "rnn": ["debug=tiny", "model=rnn", "model.n_hidden=16"],
     "gpt-rope-gqa": ["debug=tiny", "model.pos_encoding=rope", "model.n_kv_head=1"],
     "gpt-sinusoidal-manual": ["debug=tiny", "model.pos_encoding=sinusoidal", "model.attention=manual"],
     "gpt-no-positions": ["debug=tiny", "model.pos_encoding=none"],

@@ -164,8 +164,13 @@ def test_latest_run_and_resolution(tmp_path):
         checkpoint.resolve(str(tmp_path / "nope.pt"), None, tmp_path)
 
 
-def test_new_run_dirs_are_distinct_and_leftovers_are_only_temporaries(tmp_path):
+def test_new_run_dirs_are_distinct_and_named_as_hydra_names_them(tmp_path):
     assert checkpoint.new_run_dir(tmp_path) != checkpoint.new_run_dir(tmp_path)
+    hydra_dirs = (REPO / "configs" / "hydra" / "default.yaml").read_text()
+    assert hydra_dirs.count("${now:" + checkpoint.RUN_STAMP + "}") == 2  # runs and sweeps
+
+
+def test_leftovers_are_only_temporaries(tmp_path):
     folder = tmp_path / checkpoint.CKPT_DIR
     folder.mkdir()
     (folder / "ckpt-0000010.pt.tmp-123").write_bytes(b"half")
@@ -176,10 +181,12 @@ def test_new_run_dirs_are_distinct_and_leftovers_are_only_temporaries(tmp_path):
 
 
 def test_resume_setting_is_parsed_in_one_place(tmp_path):
-    for value in ("auto", "Auto", "true", True):
+    for value in ("auto", "Auto", "true", True, None, "null"):
         assert checkpoint.parse_resume(value) == checkpoint.AUTO
-    for value in ("false", "False", False, "never", "null", None):
+    for value in ("false", "False", False, "never"):
         assert checkpoint.parse_resume(value) == checkpoint.NEVER
+    with pytest.raises(TinyGPTError, match="resume= is empty"):
+        checkpoint.parse_resume("")
     assert checkpoint.parse_resume("~/runs/a") == (tmp_path.home() / "runs/a")
 
 

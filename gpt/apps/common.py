@@ -13,12 +13,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from gpt.config import MuonSettings, register_schemas
+from gpt.config import MuonSettings, expected_type, register_schemas
 from gpt.errors import TinyGPTError
 from gpt.preemption import Preempted
 
 T = TypeVar("T")
-_CONVERSIONS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
 
 
 def config_dir() -> Path:
@@ -101,9 +100,51 @@ def compose_raw(config_name: str, overrides: list[str], command: str = "tinygpt 
     register_schemas()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise TinyGPTError(explain(e, command)) from None
+    except AssertionError:  # OmegaConf's, e.g. a key set under a section that is null
+        bad = next((o for o in overrides if "." in o.split("=", 1)[0]), overrides[-1] if overrides else "")
+        raise TinyGPTError(f"cannot apply {bad!r}: its section is not set; pick it first (e.g. data=<name>)") from None
+    _refuse_numbers_as_booleans(cfg, overrides)
+    return cfg
+
+
+def _refuse_numbers_as_booleans(cfg, overrides: list[str]) -> None:
+    """OmegaConf reads `model.bias=1` (or 3) as true; a number where true/false belongs is a
+    mistake, not a boolean."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_sweep_override() or override.is_delete() or override.is_hydra_override():
+            continue
+        given = override.value()
+        if isinstance(given, (int, float)) and not isinstance(given, bool):
+            if isinstance(OmegaConf.select(cfg, override.key_or_group, default=None), bool):
+                raise TinyGPTError(f"{override.key_or_group} must be true or false, got {given!r}")
+
+
+def check_sweep(config_name: str, overrides: list[str], command: str, then: Callable[[object], None] = lambda s: None) -> None:
+    """Before a multirun starts: every value of every comma-list sweep composes (with the other
+    keys at their first value) and passes `then`, so a typo is one line now, not a failure in
+    job 7. Values that a sweeper draws itself (`interval(...)`, Optuna's search space) are left
+    to it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    options = []
+    for o in parsed:
+        try:
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [None]
+        except Exception:  # a sweep the sweeper samples from (interval, tagged search spaces)
+            values = []
+        options.append([o.input_line if v is None else f"{o.get_key_element()}={v}" for v in values])
+    firsts = [opts[0] for opts in options if opts]
+    then(compose(config_name, firsts, command))
+    for opts in options:
+        for choice in opts[1:]:
+            then(compose(config_name, [choice if o == opts[0] else o for o in firsts], command))
 
 
 def settings_of(cfg):
@@ -122,8 +163,8 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
 
     cause = error
-    while cause.__cause__ is not None and not getattr(cause, "full_key", None):
-        cause = cause.__cause__
+    while not getattr(cause, "full_key", None) and (cause.__cause__ or cause.__context__) is not None:
+        cause = cause.__cause__ or cause.__context__  # Hydra chains the real error either way
     key = getattr(cause, "full_key", None)
     first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:
@@ -134,8 +175,8 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
         return f"unknown setting {key!r}; list the valid keys with `{command} --cfg job`"
     if isinstance(cause, MissingMandatoryValue) and key:
         return f"{key} is required; set it on the command line, e.g. {key}=..."
-    if isinstance(cause, ValidationError) and key and "could not be converted to" in first:
-        want = _CONVERSIONS.get(first.rsplit(" ", 1)[-1], first.rsplit(" ", 1)[-1])
+    if isinstance(cause, ValidationError) and key:
+        want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or first
         return f"{key} must be {want}, got {getattr(cause, 'value', None)!r}"
     return first
 
@@ -152,10 +193,18 @@ def take_verbatim(argv: list[str], key: str) -> tuple[list[str], str | None]:
     return rest, value
 
 
-def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: Callable[[object], T]) -> T:
+def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: Callable[[object], T], verbatim=()) -> T:
     """A compose-API command: `--help` prints doc and the settings with their defaults, `--cfg`
-    the composed settings; otherwise compose argv and call fn(settings), mistakes in one line."""
+    the composed settings; otherwise compose argv and call fn(settings), mistakes in one line.
+    The `verbatim` keys (free text, paths) are taken as typed, past Hydra's override grammar,
+    which rejects `=`, `,` and non-ASCII characters in values."""
     from omegaconf import OmegaConf
+
+    given = {}
+    for key in verbatim:
+        argv, value = take_verbatim(argv, key)
+        if value is not None:
+            given[key] = value
 
     if any(a in ("-h", "--help") for a in argv):
         print(doc.strip() + "\n\nSettings (key=value), with their defaults:\n")
@@ -168,7 +217,15 @@ def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: C
     flags = [a for a in argv if a.startswith("-")]
     if flags:
         fail(f"unknown option {flags[0]!r} for `{command}`; settings are key=value (see `{command} --help`)")
-    return guard(lambda: fn(compose(config_name, argv, command)))
+
+    def run():
+        # A placeholder stands in for each verbatim value while composing (a required key is given).
+        settings = compose(config_name, [*argv, *(f"{key}=given" for key in given)], command)
+        for key, value in given.items():
+            setattr(settings, key, value)
+        return fn(settings)
+
+    return guard(run)
 
 
 # --- processes and run directories -------------------------------------------------------------

@@ -21,7 +21,7 @@ from gpt.errors import TinyGPTError
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    common.run_command(argv, "eval", "tinygpt eval", __doc__, evaluate)
+    common.run_command(argv, "eval", "tinygpt eval", __doc__, evaluate, verbatim=("run_dir", "ckpt", "init_from", "text_file"))
 
 
 def evaluate(s: EvalConfig) -> dict:

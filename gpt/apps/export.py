@@ -16,11 +16,12 @@ from pathlib import Path
 
 from gpt.apps import common
 from gpt.config import ExportConfig
+from gpt.errors import TinyGPTError
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    common.run_command(argv, "export", "tinygpt export", __doc__, export)
+    common.run_command(argv, "export", "tinygpt export", __doc__, export, verbatim=("run_dir", "ckpt", "init_from", "out"))
 
 
 def export(s: ExportConfig) -> Path:
@@ -28,6 +29,9 @@ def export(s: ExportConfig) -> Path:
     from gpt.pretrained import export_hf
 
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
-    out = export_hf(loaded.model, loaded.tokenizer(), s.out)
+    try:
+        out = export_hf(loaded.model, loaded.tokenizer(), s.out)
+    except OSError as e:
+        raise TinyGPTError(f"cannot write to {s.out} ({e.strerror or e}); pass out=<a folder you can write>") from None
     print(f"exported {loaded.source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
     return out

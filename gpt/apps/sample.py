@@ -28,14 +28,8 @@ _COMMAND = "tinygpt sample"
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    argv, prompt = common.take_verbatim(argv, "prompt")
-
-    def run(settings: SampleConfig):
-        if prompt is not None:
-            settings.prompt = prompt
-        return sample(settings, out=sys.stdout, status=sys.stderr)
-
-    common.run_command(argv, "sample", _COMMAND, __doc__, run)
+    free = ("prompt", "prompt_file", "out_file", "run_dir", "ckpt", "init_from")
+    common.run_command(argv, "sample", _COMMAND, __doc__, lambda s: sample(s, out=sys.stdout, status=sys.stderr), free)
 
 
 def read_prompts(s: SampleConfig, stdin: TextIO | None = None) -> list[str]:
@@ -94,7 +88,10 @@ def sample(
         results = _generate(model, tokenizer, prompts, s, out)
     _say(status, f"generated {sum(len(t) for r in results for t in r)} characters in {time.time() - t0:.1f} s")
     if s.out_file:
-        write_jsonl(Path(s.out_file).expanduser(), prompts, results, s, loaded.source)
+        try:
+            write_jsonl(Path(s.out_file).expanduser(), prompts, results, s, loaded.source)
+        except OSError as e:
+            raise TinyGPTError(f"cannot write out_file={s.out_file} ({e.strerror or e}); pass a file you can write") from None
     return results
 
 

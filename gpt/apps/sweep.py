@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     # One bare argument is the sweep folder: `tinygpt sweep outputs/sweeps/<stamp>`.
     if len(argv) == 1 and "=" not in argv[0] and not argv[0].startswith("-"):
         argv = [f"dir={argv[0]}"]
-    common.run_command(argv, "sweep", "tinygpt sweep", __doc__, summarise)
+    common.run_command(argv, "sweep", "tinygpt sweep", __doc__, summarise, verbatim=("dir",))
 
 
 def summarise(s: SweepConfig) -> list[dict]:

@@ -22,8 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     own = [a for a in overrides if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
     if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
-        # record; a sweep's comma lists only make sense to its sweeper, which composes each job.
-        common.guard(lambda: common.check_choices(own) if multirun else preflight(common.compose("config", own, _COMMAND)))
+        # record; for a sweep, every value of its comma lists.
+        if multirun:
+            common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=preflight))
+        else:
+            common.guard(lambda: preflight(common.compose("config", own, _COMMAND)))
         common.guard(lambda: protect_earlier_run(overrides))
     _hydra_main([*argv, *quiet_non_zero_ranks()])
 
@@ -102,8 +105,8 @@ def _task(cfg) -> float:
             launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
             say(f"resume with: {launcher} <the same overrides> hydra.run.dir={settings.paths.output_dir}")
             raise
-        say(f"sample with: {_command('sample')} run_dir={summary['run_dir']}")
-        return summary["best_val_loss"]
+        say(f"sample with: {_command('sample')} run_dir={settings.paths.output_dir}")
+        return summary.get("best_val_loss", float("nan"))  # what a sweeper minimises
 
     return common.guard(run)
 

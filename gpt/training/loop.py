@@ -203,6 +203,7 @@ class Trainer:
         r = self.run
         if r.dist.is_main:
             summary = dict(
+                best_val_loss=r.progress.best_val if math.isfinite(r.progress.best_val) else None,
                 run_dir=str(r.out_dir),
                 params=r.model.num_params(),
                 overrides=self.overrides,

@@ -99,6 +99,9 @@ def build_run(cfg: RunConfig) -> Run:
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(checkpoint.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg.paths.output_dir = str(out_dir)
+    # Record what is used, not what stands for it: the schedule's length, the data root.
+    cfg.optim.decay_iters = cfg.optim.decay_iters or cfg.train.max_iters
+    cfg.paths.data_dir = str(cfg.paths.data_root())
     source = _resume_source(cfg, out_dir, dist)
     log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
     # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
@@ -246,8 +249,8 @@ def changed_settings(old: dict, new: dict, prefix: str = "") -> str:
     """'a.b: 1 -> 2, ...' for the leaves that differ (paths and run bookkeeping excluded)."""
     out = []
     for key in sorted(set(old) | set(new)):
-        if prefix == "" and key in ("paths", "resume"):
-            continue
+        if (prefix == "" and key in ("paths", "resume")) or key not in old:
+            continue  # bookkeeping, or a setting older checkpoints did not record
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             sub = changed_settings(a, b, f"{prefix}{key}.")

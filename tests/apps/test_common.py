@@ -30,7 +30,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
         (["model=gtp2"], "unknown model config 'gtp2'; choose one of: baby-gpt, gpt-micro"),
         (["optim.weight_decay=-1"], "optim.weight_decay >= 0"),
         (["finetune.lora_dropout=1.5"], "finetune.lora_dropout must be in [0, 1)"),
-        (["data.num_proc=abc"], "data.num_proc must be an integer, got 'abc'"),
+        (["data.num_proc=abc"], "data.num_proc must be an integer or null, got 'abc'"),
         (["data.max_tokens=-5"], "data.max_tokens must be a positive integer"),
         (["train.batch_size=0"], "train.batch_size must be a positive integer"),
         (["model=lstm", "model.n_head=4"], "unknown setting 'model.n_head'"),
@@ -52,6 +52,37 @@ def test_compose_builds_the_typed_settings():
     assert type(default.optim) is MuonSettings and type(default.model) is GPTSettings and default.paths.output_dir is None
 
 
+def test_explain_follows_the_chain_hydra_leaves():
+    """Hydra raises its composition error *during* handling of OmegaConf's (the key is in
+    __context__, not __cause__)."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    from gpt.config import RNNSettings
+
+    try:
+        try:
+            OmegaConf.merge(OmegaConf.structured(RNNSettings), {"n_head": 2})
+        except Exception:
+            raise ConfigCompositionException("In 'debug/x': ConfigKeyError raised while composing config:")  # noqa: B904
+    except ConfigCompositionException as e:
+        assert common.explain(e) == "unknown setting 'n_head'; list the valid keys with `tinygpt train --cfg job`"
+
+
+def test_paths_are_taken_verbatim(trained_run, data_root, tmp_path):
+    """Sweep job folders are named like `lr=1e-3,bs=4`; Hydra's grammar would reject such a value."""
+    import shutil
+
+    cwd, run_dir, _ = trained_run
+    root, _ = data_root
+    odd = tmp_path / "lr=1e-3,bs=4" / "run"
+    shutil.copytree(run_dir, odd)
+    proc = run_script("eval", [f"run_dir={odd}", "max_tokens=64"], tmp_path, root)
+    assert proc.returncode == 0 and str(odd) in proc.stdout, proc.stderr
+    proc = run_script("sample.py", [f"ckpt={odd}/checkpoints/best.pt", "num_samples=1", "max_new_tokens=5"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run, data_root):
     cwd, run_dir, _ = trained_run
     root, data_overrides = data_root
@@ -67,6 +98,15 @@ def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run,
         ),
         ("train.py", [f"hydra.run.dir={run_dir}", "optim.lr=fast"], ["optim.lr must be a number", "'fast'"]),
         ("train.py", ["compile=maybe"], ["compile=", "true"]),
+        ("train.py", ["debug=tiny", "model.bias=1"], ["model.bias must be true or false, got 1"]),
+        ("train.py", ["debug=tiny", "model.bias=maybe"], ["model.bias must be true or false, got 'maybe'"]),
+        ("train.py", ["-m", "debug=tiny", "optim.lr=3e-3,abc"], ["optim.lr must be a number, got 'abc'"]),
+        ("train.py", ["-m", "debug=tiny", "train.max_iter=3,4"], ["unknown setting 'train.max_iter'"]),
+        ("train.py", ["-m", "debug=tiny", "model.n_embd=18,20"], ["model.n_embd=20 is not divisible by model.n_head=3"]),
+        ("train.py", [f"hydra.run.dir={run_dir}", "resume=False", "debug=tiny"], ["already holds a run", "resume=false"]),
+        ("train.py", [f"hydra.run.dir={run_dir}", "resume=never", "debug=tiny"], ["already holds a run", "resume=false"]),
+        ("eval", ["data.tokenizer.ranks_file=/x"], ["cannot apply 'data.tokenizer.ranks_file=/x'", "data=<name>"]),
+        ("export", [f"run_dir={run_dir}", "out=/proc/tinygpt-export"], ["cannot write to /proc/tinygpt-export"]),
         ("train.py", ["data=local"], ["data.source.path is required for data.source.kind=local"]),
         ("prepare", ["data=local"], ["data.source.path is required for data.source.kind=local"]),
         ("train.py", ["data.source.kind=ftp"], ["data.source.kind='ftp' is unknown; use url, hub, disk, local"]),

@@ -32,7 +32,7 @@ def test_train_writes_checkpoints_logs_and_events(trained_run):
     assert names == ["best.pt", "ckpt-0000010.pt", "ckpt-0000020.pt"]
     for name in names:
         ckpt = checkpoint.load(run_dir / checkpoint.CKPT_DIR / name)
-        assert ckpt.tokenizer["kind"] == "char" and ckpt.model_config["n_embd"] == 16
+        assert ckpt.tokenizer["kind"] == "char" and ckpt.model_config["n_embd"] == 18
     last = checkpoint.load(checkpoint.latest(run_dir))
     assert last.step == 20 and last.training is not None and last.config["train"]["max_iters"] == 20
     assert checkpoint.load(run_dir / checkpoint.CKPT_DIR / "best.pt").training is None

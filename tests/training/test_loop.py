@@ -245,3 +245,15 @@ def test_public_step_and_evaluate_api(tmp_path, data_root):
     path = trainer.save()
     assert path == tmp_path / "checkpoints" / "ckpt-0000005.pt" and checkpoint.load(path).training is not None
     assert not (tmp_path / "summary.json").exists()  # records belong to fit()
+
+
+def test_rerunning_a_finished_run_keeps_its_record(tmp_path, data_root):
+    """The same command again (resume=auto) finds nothing left to train: it returns and keeps
+    the run's figures instead of an empty record."""
+    root, data_overrides = data_root
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0"]
+    first = train(compose(overrides, tmp_path))
+    again = train(compose(overrides, tmp_path))
+    for key in ("best_val_loss", "final_val_loss", "step", "tokens_seen", "run_dir"):
+        assert again[key] == first[key], key
+    assert again["status"] == "finished" and json.loads((tmp_path / "summary.json").read_text()) == again

@@ -86,9 +86,9 @@ def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_r
     ]
     train(compose(base, tmp_path))
     with caplog.at_level("INFO", logger="tinygpt"):
-        run = build_run(compose([*base, "model.n_embd=32", "train.max_iters=6"], tmp_path))
-    assert run.model_config.n_embd == 16 and run.progress.step == 4
-    assert "ignoring model.n_embd=32 (checkpoint: 16)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
+        run = build_run(compose([*base, "model.n_embd=36", "train.max_iters=6"], tmp_path))
+    assert run.model_config.n_embd == 18 and run.progress.step == 4
+    assert "ignoring model.n_embd=36 (checkpoint: 18)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
 
 
 def test_eval_batches_are_capped_at_the_training_steps(tmp_path, data_root, caplog):
