@@ -25,6 +25,20 @@ def run_script(
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=stdin)
 
 
+def sigterm_after_step_5(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str, str]:
+    """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end.
+    Returns (exit status, stdout, stderr)."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
 def compose(overrides: list[str], output_dir: Path | None = None, config_name: str = "config"):
     """The settings train.py would build from these overrides (the compose API sets no run
     directory: `output_dir` is the run's)."""

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
 from gpt import checkpoint
-from helpers import REPO, run_script
+from helpers import REPO, run_script, sigterm_after_step_5
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
 
 
 def _metrics(run_dir, kind):
@@ -36,21 +37,7 @@ def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     work.mkdir()
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
     ddp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(REPO / "train.py"),
-            *common,
-            "train.batch_size=4",
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [*TORCHRUN, *common, "train.batch_size=4"], cwd=work, env=env, capture_output=True, text=True, timeout=300
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "DDP over 2 processes" in ddp.stdout
@@ -64,18 +51,6 @@ def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     assert max(abs(a["val"] - b["val"]) for a, b in zip(evals_one, evals_two)) <= 1e-5
 
 
-def _sigterm_after_step_5(cmd: list[str], cwd, env) -> tuple[int, str, str]:
-    """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end.
-    Returns (exit status, stdout, stderr)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 5/"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
-
-
 @pytest.mark.slow
 def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_root):
     """A scheduler preempts the launcher: torchrun forwards SIGTERM to both workers, which agree
@@ -85,8 +60,8 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     run_dir = tmp_path / "run"
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     common = ["debug=tiny", *data_overrides, "device=cpu", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
-    _, out, err = _sigterm_after_step_5([*launch, *common, "train.max_iters=100000"], tmp_path, env)
+    launch = TORCHRUN
+    _, out, err = sigterm_after_step_5([*launch, *common, "train.max_iters=100000"], tmp_path, env)
     assert "stopped at step" in out and "resume with: torchrun" in out, err[-2000:]
     stopped_at = checkpoint.load(checkpoint.latest(run_dir)).step
     assert stopped_at >= 5 and len(checkpoint.step_checkpoints(run_dir)) == 1

@@ -9,15 +9,13 @@ import csv
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt import checkpoint
-from helpers import REPO, SHARED_TEXT, assert_one_line_error, run_script
+from helpers import REPO, SHARED_TEXT, assert_one_line_error, run_script, sigterm_after_step_5
 
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
 
@@ -85,23 +83,12 @@ def test_smoke_shakespeare_char_experiment(tmp_path, data_root):
     assert "6L 6H 384D block 256" in proc.stdout
 
 
-def _sigterm_after_step_5(cmd: list[str], cwd, env) -> tuple[int, str, str]:
-    """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 5/"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
-
-
 def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
     root, data_overrides = data_root
     run_dir = tmp_path / "run"
     args = ["debug=tiny", *data_overrides, "train.max_iters=100000", "train.log_interval=1", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
-    returncode, out, err = _sigterm_after_step_5([sys.executable, str(REPO / "train.py"), *args], tmp_path, env)
+    returncode, out, err = sigterm_after_step_5([sys.executable, str(REPO / "train.py"), *args], tmp_path, env)
     assert returncode == 0, err[-2000:]
     assert "stopped at step" in out and f"hydra.run.dir={run_dir}" in out
     stopped_at = checkpoint.load(checkpoint.latest(run_dir)).step
