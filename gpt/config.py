@@ -13,6 +13,7 @@ No torch here: composing a config (and refusing a bad one) stays fast.
 from __future__ import annotations
 
 import os
+import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -58,6 +59,15 @@ def expected_type(cls, name: str) -> str | None:
     allowed = typing.get_args(hints[name]) or (hints[name],)
     names = [_NAMES.get(t, "null" if t is type(None) else None) for t in allowed]
     return " or ".join(names) if all(names) else None
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """\\n, \\t, \\r and \\\\ in text typed on a command line as the characters they name (a
+    shell passes them on as a backslash and a letter); any other backslash stays as it is."""
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
 def _at_least(obj, section: str, minimum: int, names: tuple[str, ...], hint: str = "") -> None:
@@ -212,7 +222,8 @@ class AdamWSettings:
     # The quickstart model is small: twice nanoGPT's 1e-3 trains faster (measured on 2 CPU cores:
     # val 1.807 at step 2000, vs 1.885 with lr 1e-3 / min_lr 1e-4). Experiments set their own.
     lr: float = 2e-3
-    min_lr: float = 2e-4
+    min_lr: float | None = None  # the schedule's floor; null: lr * min_lr_ratio
+    min_lr_ratio: float = 0.1  # the floor as a fraction of the peak (a search over lr stays valid)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99  # a little below 0.999: tokens per step are few, so average over fewer steps
@@ -224,8 +235,10 @@ class AdamWSettings:
         check_types(self, "optim")
         if self.name != type(self).name:
             raise TinyGPTError(f"optim.name={self.name!r}: pick the optimizer with optim=adamw or optim=muon")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+        if self.lr <= 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
             raise TinyGPTError(f"need 0 <= optim.min_lr <= optim.lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise TinyGPTError(f"optim.min_lr_ratio must be in [0, 1] (the floor as a fraction of lr), got {self.min_lr_ratio}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise TinyGPTError(f"optim.beta1 and optim.beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
         if self.weight_decay < 0 or self.eps <= 0:
@@ -242,7 +255,6 @@ class MuonSettings(AdamWSettings):
 
     name: str = "muon"
     lr: float = 3e-3  # the AdamW part
-    min_lr: float = 3e-4
     muon_lr: float = 0.02  # the Muon part (decays by the same factor as lr)
     momentum: float = 0.95  # Nesterov momentum
     ns_steps: int = 5
@@ -337,8 +349,9 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        # stop=END and 'stop=[END,"\n\n"]' both work
-        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(str(s) for s in (self.stop or ()))
+        # stop=END and 'stop=[END,"\n\n"]' both work; a shell passes \n as two characters
+        stops = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
+        self.stop = tuple(unescape(str(s)) for s in stops)
         _at_least(self, "", 1, ("max_new_tokens",))
         if self.top_k is not None and self.top_k < 1:
             raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")

@@ -17,8 +17,21 @@ from pathlib import Path
 from gpt import io
 from gpt.errors import TinyGPTError
 from gpt.io import atomic_write
+from gpt.tracking import status_of
 
-COLUMNS = ["rank", "run", "status", "best_val_loss", "final_val_loss", "step", "tokens_per_s", "params", "wall_s", "overrides"]
+COLUMNS = [
+    "rank",
+    "run",
+    "status",
+    "best_val_loss",
+    "final_val_loss",
+    "step",
+    "tokens_per_s",
+    "params",
+    "wall_s",
+    "overrides",
+    "error",
+]
 
 
 def _read_json(path: Path):
@@ -49,6 +62,18 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
+def _overrides(job: Path, summary: dict) -> list[str]:
+    """The job's command-line overrides: Hydra's record of them (there from the job's start, also
+    when the job died before writing a summary), else the summary's."""
+    import yaml
+
+    try:
+        recorded = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        recorded = None
+    return [str(o) for o in (recorded if isinstance(recorded, list) else summary.get("overrides") or [])]
+
+
 def collect(sweep_dir: Path) -> list[dict]:
     rows = []
     for job in _job_dirs(sweep_dir):
@@ -56,14 +81,15 @@ def collect(sweep_dir: Path) -> list[dict]:
         rows.append(
             {
                 "run": job.name,
-                "status": summary.get("status", "no summary"),
+                "status": status_of(summary),
                 "best_val_loss": summary.get("best_val_loss"),
                 "final_val_loss": summary.get("final_val_loss"),
                 "step": summary.get("step"),
                 "tokens_per_s": summary.get("tokens_per_s"),
                 "params": summary.get("params"),
                 "wall_s": summary.get("wall_s"),
-                "overrides": list(summary.get("overrides") or []),
+                "overrides": _overrides(job, summary),
+                "error": summary.get("error"),
                 "curve": _val_curve(job),
             }
         )
@@ -73,8 +99,10 @@ def collect(sweep_dir: Path) -> list[dict]:
         usable = isinstance(loss, (int, float)) and math.isfinite(loss)
         return (not usable, loss if usable else 0.0, row["status"] != "finished", int(row["run"]))
 
-    # Show what sets runs apart: the overrides that are not common to every run of the sweep.
-    common = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
+    # Show what sets runs apart: the overrides that are not common to every run of the sweep
+    # (among the runs whose overrides are known).
+    known = [set(r["overrides"]) for r in rows if r["overrides"]]
+    common = set.intersection(*known) if len(known) > 1 else set()
     for row in rows:
         row["overrides"] = " ".join(o for o in row["overrides"] if o not in common)
     rows.sort(key=key)
@@ -86,6 +114,8 @@ def collect(sweep_dir: Path) -> list[dict]:
 def _fmt(column: str, value) -> str:
     if value is None:
         return ""
+    if column == "error":  # one line already; a Markdown cell must not hold a pipe
+        return str(value).replace("|", "\\|")
     if column.endswith("loss"):
         return f"{value:.4f}"
     if column == "wall_s":
@@ -98,6 +128,8 @@ def _fmt(column: str, value) -> str:
 def write_leaderboard(sweep_dir: str | Path) -> list[dict]:
     """Write leaderboard.md, leaderboard.csv and val_curves.png into sweep_dir; return the rows."""
     sweep_dir = Path(sweep_dir)
+    if (sweep_dir / "summary.json").is_file() or (sweep_dir / "checkpoints").is_dir():
+        raise TinyGPTError(f"{sweep_dir} is a run directory, not a sweep; pass the folder of a multirun (outputs/sweeps/<stamp>)")
     if not sweep_dir.is_dir():
         raise TinyGPTError(f"sweep directory {sweep_dir} does not exist; pass the folder of a multirun (outputs/sweeps/<stamp>)")
     rows = collect(sweep_dir)

@@ -232,12 +232,14 @@ class CosineSchedule:
 
     @classmethod
     def from_settings(cls, s: AdamWSettings, max_iters: int) -> CosineSchedule:
-        """Decay over `optim.decay_iters`, or over the whole run (`max_iters`) when that is null."""
+        """Decay over `optim.decay_iters`, or over the whole run (`max_iters`) when that is null,
+        down to `optim.min_lr`, or to lr * `optim.min_lr_ratio` when that is null."""
         decay = s.decay_iters or max_iters
         # A warmup as long as the whole schedule (a 20-step smoke run of a recipe that warms up
         # for 100) would never reach the peak: warm up for a tenth of the schedule instead.
         warmup = s.warmup_iters if s.warmup_iters < decay else decay // 10
-        return cls(lr=s.lr, min_lr=s.min_lr, warmup_iters=warmup, decay_iters=decay)
+        floor = s.min_lr if s.min_lr is not None else s.lr * s.min_lr_ratio
+        return cls(lr=s.lr, min_lr=floor, warmup_iters=warmup, decay_iters=decay)
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_iters:

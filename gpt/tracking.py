@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 from gpt import io
@@ -78,18 +81,54 @@ class MetricsFile:
             self.f.close()
 
 
+STALE_AFTER = 1800.0  # seconds without a heartbeat after which a run written on another host is stale
+
+
 class RunSummary:
-    """<run>/summary.json: where a run stands, rewritten (atomically) at start, at every eval
-    and at the end, so that a crashed or killed run still leaves a truthful record."""
+    """<run>/summary.json: where a run stands, rewritten (atomically) at start, at every logged
+    step and eval, and at the end, so that a crashed or killed run still leaves a truthful
+    record. Each write carries its writer (host, pid) and time (heartbeat), so that a run whose
+    process died without a word (kill -9, out of memory) reads as stale, not running
+    (`status_of`)."""
 
     def __init__(self, path: Path | None, **fixed):
         self.path = path
-        self.data = {"status": "running", **fixed}
+        self.data = {"status": "running", **fixed, "host": socket.gethostname(), "pid": os.getpid()}
 
     def update(self, **values) -> None:
-        self.data.update(values)
+        self.data.update(values, heartbeat=time.time())
         if self.path is not None:
             io.write_json(self.path, self.data)
+
+
+def status_of(summary: dict, now: float | None = None) -> str:
+    """A summary's status, with `stale` for a run recorded as running whose writer is gone: its
+    process no longer exists (same host), or no heartbeat for STALE_AFTER seconds (another host)."""
+    status = summary.get("status", "no summary")
+    if status != "running":
+        return status
+    if summary.get("host") == socket.gethostname() and isinstance(summary.get("pid"), int):
+        try:
+            os.kill(summary["pid"], 0)
+        except ProcessLookupError:
+            return "stale"
+        except PermissionError:
+            pass  # alive, another user's
+        return status
+    heartbeat = summary.get("heartbeat")
+    if isinstance(heartbeat, (int, float)) and (now or time.time()) - heartbeat > STALE_AFTER:
+        return "stale"
+    return status
+
+
+def record_failure(out_dir: Path, error: str, **fields) -> None:
+    """summary.json saying `failed` for a run that failed before it trained (its settings, its
+    data), so that a sweep lists it too. Never over a run's own record or checkpoints: a refused
+    resume must not rewrite the run it refused to touch."""
+    out_dir = Path(out_dir)
+    if (out_dir / "summary.json").exists() or any((out_dir / "checkpoints").glob("*.pt")):
+        return
+    RunSummary(out_dir / "summary.json", **fields).update(status="failed", error=error)
 
 
 class RunRecords:
@@ -121,6 +160,8 @@ class RunRecords:
         self.metrics.write(kind="eval", step=step, train=train, val=val)
 
     def close(self) -> None:
+        """The run's end, with its status (TensorBoard's HParams tab shows it per session)."""
+        self.tb.end(self.summary.data.get("status", "running"))
         self.tb.close()
         self.metrics.close()
 
@@ -137,6 +178,8 @@ class NullTracker:
     def histograms(self, step: int, model) -> None: ...
 
     def attention_images(self, step: int, maps: list) -> None: ...
+
+    def end(self, status: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -167,8 +210,22 @@ class TensorBoardTracker(NullTracker):
         from torch.utils.tensorboard.summary import hparams
 
         flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flatten(cfg).items()}
-        for summary in hparams(flat, {tag: 0.0 for tag in metric_tags}):
+        experiment, start, _ = hparams(flat, {tag: 0.0 for tag in metric_tags})  # torch's end says "success"
+        for summary in (experiment, start):
             self.writer.file_writer.add_summary(summary)
+
+    def end(self, status: str) -> None:
+        """The HParams session's end: success, failure, or unknown (interrupted, resumable)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.plugins.hparams import metadata
+        from tensorboard.plugins.hparams.api_pb2 import Status
+        from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
+
+        code = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}.get(status, "STATUS_UNKNOWN")
+        info = HParamsPluginData(session_end_info=SessionEndInfo(status=Status.Value(code)), version=metadata.PLUGIN_DATA_VERSION)
+        plugin = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=info.SerializeToString())
+        value = Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))
+        self.writer.file_writer.add_summary(Summary(value=[value]))
 
     def histograms(self, step: int, model) -> None:
         for name, p in model.named_parameters():

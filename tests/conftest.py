@@ -12,6 +12,9 @@ import torch
 
 from helpers import R50K_CACHE_NAME, SHARED_RANKS, SHARED_TEXT
 
+# Tests never reach the Hub. Set before anything imports huggingface_hub, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> tuple[Path, list[str]]:
@@ -49,4 +52,3 @@ def _offline_tiktoken(tmp_path_factory, gpt2_ranks):
         cache = tmp_path_factory.mktemp("tiktoken")
         (cache / R50K_CACHE_NAME).write_bytes(gpt2_ranks.read_bytes())
         os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -202,3 +202,8 @@ def test_repetition_penalty_changes_greedy_choice():
     penalised = _tokens(model, [[1, 2, 3]], True, n=30, repetition_penalty=50.0)
     assert not torch.equal(plain, penalised)
     assert len(set(penalised[0, :12].tolist())) == 12  # a huge penalty: no token twice for a while
+
+
+def test_escapes_in_stop_strings_are_the_characters_they_name():
+    assert SamplingSettings(stop=["\\n\\n", "a\\tb", "C:\\\\new", "\\q"]).stop == ("\n\n", "a\tb", "C:\\new", "\\q")
+    assert SamplingSettings(stop="END").stop == ("END",) and SamplingSettings().stop == ()

@@ -50,3 +50,30 @@ def test_leaderboard_marks_partial_and_crashed_runs(tmp_path):
     assert (sweep / "val_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(TinyGPTError, match="does not exist"):
         write_leaderboard(tmp_path / "nope")
+
+
+def test_only_the_differing_overrides_are_listed_also_without_a_summary(tmp_path):
+    """A job that died before its first summary still has Hydra's record of its overrides."""
+    sweep = tmp_path / "sweep"
+    for n, lr in enumerate(("1e-3", "3e-3", "1e-2")):
+        job = sweep / str(n)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- model=gpt-nano\n- optim.lr={lr}\n")
+        if n != 1:
+            (job / "summary.json").write_text(json.dumps({"status": "finished", "best_val_loss": 2.0 + n}))
+    (sweep / "3").mkdir()  # a job that left nothing at all
+    rows = {r["run"]: r for r in write_leaderboard(sweep)}
+    assert {run: r["overrides"] for run, r in rows.items()} == {
+        "0": "optim.lr=1e-3",
+        "1": "optim.lr=3e-3",
+        "2": "optim.lr=1e-2",
+        "3": "",
+    }
+    assert rows["1"]["status"] == "no summary"
+
+
+def test_a_run_directory_is_not_a_sweep(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(TinyGPTError, match="is a run directory, not a sweep"):
+        write_leaderboard(tmp_path)
+    assert not (tmp_path / "leaderboard.md").exists()

@@ -13,11 +13,19 @@ from dataclasses import fields
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
+from hydra.errors import CompactHydraException
+
 from gpt.config import MuonSettings, expected_type, register_schemas
 from gpt.errors import TinyGPTError
 from gpt.preemption import Preempted
 
 T = TypeVar("T")
+
+
+class JobFailed(CompactHydraException):
+    """A trial of a search failed for a user-level reason (its settings, its data, a diverged
+    run); its summary.json says why. Raised to sweepers that draw trials (Optuna), which count
+    it as a failed trial (their max_failure_rate applies) and go on."""
 
 
 def config_dir() -> Path:
@@ -89,8 +97,9 @@ def compose(config_name: str, overrides: list[str], command: str = "tinygpt trai
     return settings_of(compose_raw(config_name, overrides, command))
 
 
-def compose_raw(config_name: str, overrides: list[str], command: str = "tinygpt train"):
-    """The composed DictConfig (Hydra's compose API: no run directory, no logging set-up)."""
+def compose_raw(config_name: str, overrides: list[str], command: str = "tinygpt train", hydra: bool = False):
+    """The composed DictConfig (Hydra's compose API: no run directory, no logging set-up); with
+    `hydra`, Hydra's own settings too."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -100,7 +109,7 @@ def compose_raw(config_name: str, overrides: list[str], command: str = "tinygpt 
     register_schemas()
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
     except (HydraException, OmegaConfBaseException) as e:
         raise TinyGPTError(explain(e, command)) from None
     except AssertionError:  # OmegaConf's, e.g. a key set under a section that is null
@@ -125,26 +134,38 @@ def _refuse_numbers_as_booleans(cfg, overrides: list[str]) -> None:
                 raise TinyGPTError(f"{override.key_or_group} must be true or false, got {given!r}")
 
 
-def check_sweep(config_name: str, overrides: list[str], command: str, then: Callable[[object], None] = lambda s: None) -> None:
-    """Before a multirun starts: every value of every comma-list sweep composes (with the other
-    keys at their first value) and passes `then`, so a typo is one line now, not a failure in
-    job 7. Values that a sweeper draws itself (`interval(...)`, Optuna's search space) are left
-    to it."""
+def check_sweep(config_name: str, overrides: list[str], command: str) -> None:
+    """Before a multirun starts: its keys, and the types of every value it can give a job: each
+    value of a comma list (with the other keys at their first value), each choice and both ends
+    of each interval of a search space (`hydra.sweeper.params`, e.g. Optuna's). A typo is then
+    one line now, not a failure in job 7. Whether a value is in range is each job's to find out:
+    that job is recorded as failed and the sweep goes on."""
+    options = [_values(o) for o in _parse(overrides)]
+    firsts = [opts[0] for opts in options]
+    cfg = compose_raw(config_name, firsts, command, hydra=True)
+    space = cfg.hydra.sweeper.get("params") or {}
+    options += [_values(o) for o in _parse([f"{k}={v}" for k, v in space.items()])]
+    for opts in options:
+        for choice in opts[1:] if opts[0] in firsts else opts:
+            key = choice.split("=", 1)[0]
+            compose_raw(config_name, [o for o in firsts if o.split("=", 1)[0] != key] + [choice], command)
+
+
+def _parse(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    options = []
-    for o in parsed:
-        try:
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [None]
-        except Exception:  # a sweep the sweeper samples from (interval, tagged search spaces)
-            values = []
-        options.append([o.input_line if v is None else f"{o.get_key_element()}={v}" for v in values])
-    firsts = [opts[0] for opts in options if opts]
-    then(compose(config_name, firsts, command))
-    for opts in options:
-        for choice in opts[1:]:
-            then(compose(config_name, [choice if o == opts[0] else o for o in firsts], command))
+    return OverridesParser.create().parse_overrides(overrides)
+
+
+def _values(override) -> list[str]:
+    """The values a sweep override can take, as `key=value` overrides (an interval: its ends)."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    if not override.is_sweep_override():
+        return [override.input_line]
+    value = override.value()
+    values = [value.start, value.end] if isinstance(value, IntervalSweep) else list(override.sweep_string_iterator())
+    return [f"{override.get_key_element()}={v}" for v in values]
 
 
 def settings_of(cfg):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from gpt.apps import common
+from gpt.apps.common import JobFailed
 from gpt.config import RunConfig
 from gpt.errors import TinyGPTError
 
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
-            common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=preflight))
+            common.guard(lambda: common.check_sweep("config", own, _COMMAND))
         else:
             common.guard(lambda: preflight(common.compose("config", own, _COMMAND)))
         common.guard(lambda: protect_earlier_run(overrides))
@@ -85,20 +86,21 @@ def _hydra_main(argv: list[str]) -> None:
 def _task(cfg) -> float:
     """One training job (a multirun calls it once per job); returns what sweepers minimise."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from gpt import distributed
     from gpt.preemption import Preempted
-    from gpt.tracking import logger
+    from gpt.tracking import logger, record_failure
     from gpt.training import train  # imported here so that `--help` and config errors stay fast
 
     hydra_cfg = HydraConfig.get()
-    overrides = list(hydra_cfg.overrides.task)
+    overrides, output_dir = list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir
     dist = distributed.from_env()
     say = logger.info if dist.is_main else (lambda *a: None)
 
     def run() -> float:
         settings = common.settings_of(cfg)
-        settings.paths.output_dir = settings.paths.output_dir or hydra_cfg.runtime.output_dir
+        settings.paths.output_dir = settings.paths.output_dir or output_dir
         try:
             summary = train(settings, overrides=overrides)
         except Preempted:
@@ -108,7 +110,22 @@ def _task(cfg) -> float:
         say(f"sample with: {_command('sample')} run_dir={settings.paths.output_dir}")
         return summary.get("best_val_loss", float("nan"))  # what a sweeper minimises
 
-    return common.guard(run)
+    def sweep_job() -> float:
+        """A failed job is recorded (its summary.json) and the sweep goes on: Hydra's basic
+        sweeper would stop at a raised error, so it gets a NaN (the sweep's end reports the
+        failures, gpt.apps.sweep.LeaderboardCallback); a sweeper that draws trials (Optuna)
+        gets JobFailed, a failed trial."""
+        try:
+            return run()
+        except TinyGPTError as e:
+            if dist.is_main:
+                record_failure(Path(output_dir), str(e), overrides=overrides)
+                logger.error(f"error: {e}")
+            if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
+                return float("nan")
+            raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {e}") from None
+
+    return common.guard(sweep_job if hydra_cfg.mode == RunMode.MULTIRUN else run)
 
 
 def _command(name: str) -> str:

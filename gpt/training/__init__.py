@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import gc
 import time
+from pathlib import Path
 
 import torch
 
 from gpt import distributed
 from gpt.config import RunConfig
+from gpt.errors import TinyGPTError
+from gpt.tracking import record_failure
 from gpt.training.loop import EvalHook, StepHook, Trainer, train_step
 from gpt.training.setup import Run, build_run
 
@@ -27,7 +30,13 @@ def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | N
     process group and, between the jobs of a multirun, the memory."""
     started = time.time()
     try:
-        return Trainer(build_run(cfg), overrides, started).fit(on_step, on_eval)
+        try:
+            run = build_run(cfg)
+        except TinyGPTError as e:  # recorded, so that a sweep lists the run (never over a run's own record)
+            if cfg.paths.output_dir and distributed.from_env().is_main:
+                record_failure(Path(cfg.paths.output_dir), str(e), overrides=list(overrides))
+            raise
+        return Trainer(run, overrides, started).fit(on_step, on_eval)
     finally:
         distributed.shutdown()
         gc.collect()

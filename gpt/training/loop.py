@@ -183,6 +183,8 @@ class Trainer:
                 text = self.sample(self.ts.sample_tokens)
                 self.records.tb.text("sample", text, r.progress.step)
                 r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
+            status = "interrupted" if stopped else "finished"
+            self.records.summary.update(status=status, step=r.progress.step, wall_s=time.time() - self.t_start)
         except BaseException as e:
             failed = not isinstance(e, KeyboardInterrupt)
             self.records.summary.update(
@@ -192,8 +194,6 @@ class Trainer:
         finally:
             bar.close()
             self.records.close()
-        status = "interrupted" if stopped else "finished"
-        self.records.summary.update(status=status, step=r.progress.step, wall_s=time.time() - self.t_start)
         if stopped:
             raise Preempted(f"stopped at step {r.progress.step}")
         self._log_done()
@@ -288,6 +288,7 @@ class Trainer:
         )
         bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
         self.records.train(r.progress.step, loss_value, self.lr, dt * 1000, **extra)
+        self.records.summary.update(step=r.progress.step, tokens_per_s=self.tokens_per_s)  # also the heartbeat
 
     def _log_done(self) -> None:
         r, p = self.run, self.run.progress

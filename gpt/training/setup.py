@@ -101,6 +101,7 @@ def build_run(cfg: RunConfig) -> Run:
     cfg.paths.output_dir = str(out_dir)
     # Record what is used, not what stands for it: the schedule's length, the data root.
     cfg.optim.decay_iters = cfg.optim.decay_iters or cfg.train.max_iters
+    cfg.optim.min_lr = cfg.optim.min_lr if cfg.optim.min_lr is not None else cfg.optim.lr * cfg.optim.min_lr_ratio
     cfg.paths.data_dir = str(cfg.paths.data_root())
     source = _resume_source(cfg, out_dir, dist)
     log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))

@@ -102,3 +102,22 @@ def test_sampling_settings_are_the_generation_settings():
     settings = SampleConfig(top_k=5, stop="END")
     assert settings.stop == ("END",) and settings.sampling_only()["top_k"] == 5
     assert set(settings.sampling_only()) == {f.name for f in fields(SamplingSettings)}
+
+
+def test_stop_strings_typed_on_the_command_line_mean_what_they_say(tmp_path):
+    """The README's `'stop=["\\n\\n"]'`: the shell passes a backslash and an n, which must stop
+    at the first blank line. A model trained on `ab<blank line>` repeats it greedily."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "ab.txt").write_text("ab\n\n" * 3000)
+    data = ["data=local", f"data.source.path={corpus}", "data.name=ab", "data.tokenizer.kind=char", "data.split_by=tail"]
+    trained = run_script(
+        "train.py", ["debug=tiny", *data, "train.max_iters=60", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, tmp_path
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    common = [f"run_dir={tmp_path / 'run'}", "prompt=a", "temperature=0", "num_samples=1", "max_new_tokens=12"]
+    free = run_script("sample.py", common, tmp_path, tmp_path)
+    assert free.stdout.endswith("ab\n\nab\n\nab\n\na\n"), free.stdout  # what the model writes
+    for stop in ('stop=["\\n\\n"]', "stop=\\n\\n"):  # as typed in single quotes, list or not
+        cut = run_script("sample.py", [*common, stop], tmp_path, tmp_path)
+        assert cut.returncode == 0 and cut.stdout.endswith("----------\nab\n"), (stop, cut.stdout, cut.stderr)

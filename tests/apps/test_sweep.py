@@ -1,11 +1,33 @@
-"""gpt/apps/sweep.py: `tinygpt sweep <dir>` writes and prints a sweep's leaderboard.
-Run: pytest tests/apps/test_sweep.py"""
+"""gpt/apps/sweep.py and sweeps through `train.py -m`: failed jobs are recorded and the sweep
+goes on, the leaderboard is always written, Optuna searches work with every optimizer and
+experiment without drawing an invalid trial, a killed job shows as stale, and the
+`tinygpt sweep` command. Run: pytest tests/apps/test_sweep.py"""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import signal
+import subprocess
+import sys
 
-from helpers import run_script
+import pytest
+
+from gpt.apps.common import check_sweep, compose, compose_raw, settings_of
+from gpt.errors import TinyGPTError
+from helpers import REPO, assert_one_line_error, run_script
+
+QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5", "train.sample_tokens=0"]
+
+
+def _summaries(sweep, n: int) -> list[dict]:
+    return [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(n)]
+
+
+def _leaderboard(sweep) -> list[dict]:
+    with open(sweep / "leaderboard.csv") as f:
+        return list(csv.DictReader(f))
 
 
 def test_sweep_command_summarises_a_folder(tmp_path):
@@ -18,3 +40,179 @@ def test_sweep_command_summarises_a_folder(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "| 1 | 1 | finished | 1.5000 |" in proc.stdout and "wrote leaderboard.md" in proc.stdout
         assert (tmp_path / "sweep" / "leaderboard.csv").is_file()
+
+
+def test_sweep_command_refuses_a_run_directory(trained_run, data_root):
+    cwd, run_dir, _ = trained_run
+    before = sorted(p.name for p in run_dir.iterdir())
+    assert_one_line_error(run_script("sweep", [str(run_dir)], cwd, data_root[0]), "is a run directory, not a sweep")
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no leaderboard written into it
+
+
+@pytest.mark.parametrize(
+    "sweep, reason",
+    [
+        (["optim.lr=1e-3,-1,3e-3"], "need 0 <= optim.min_lr <= optim.lr and lr > 0"),  # a value the run refuses
+        (["optim=adamw", "optim.lr=1e-3,1e9,3e-3", "train.max_bad_steps=2"], "training diverged"),  # a run that diverges
+    ],
+    ids=["invalid-value", "diverged"],
+)
+def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, data_root, sweep, reason):
+    root, data_overrides = data_root
+    sweep_dir = tmp_path / "sweep"
+    proc = run_script("train.py", ["-m", *QUICK, *data_overrides, *sweep, f"hydra.sweep.dir={sweep_dir}"], tmp_path, root)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # some job failed
+    assert f"error: 1 of 3 jobs failed (first: job 1: {reason}" in proc.stderr
+    summaries = _summaries(sweep_dir, 3)
+    assert [s["status"] for s in summaries] == ["finished", "failed", "finished"]
+    assert reason in summaries[1]["error"] and "Traceback" not in proc.stderr + proc.stdout
+    rows = _leaderboard(sweep_dir)
+    assert sorted((r["run"], r["status"]) for r in rows) == [("0", "finished"), ("1", "failed"), ("2", "finished")]
+    assert reason in next(r for r in rows if r["run"] == "1")["error"]
+    assert "failed" in (sweep_dir / "leaderboard.md").read_text()
+    assert (sweep_dir / "val_curves.png").stat().st_size > 1000
+
+
+def test_a_single_run_keeps_its_one_line_error(tmp_path, data_root):
+    root, data_overrides = data_root
+    proc = run_script(
+        "train.py", [*QUICK, *data_overrides, "optim=adamw", "optim.lr=1e9", "train.max_bad_steps=2"], tmp_path, root
+    )
+    assert_one_line_error(proc, "training diverged")
+
+
+@pytest.mark.slow
+def test_two_by_two_multirun_ends_in_a_leaderboard(tmp_path, data_root):
+    root, data_overrides = data_root
+    args = ["-m", *QUICK, *data_overrides, "optim.lr=1e-3,3e-3", "model.n_layer=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = run_script("train.py", args, tmp_path, root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step/s" not in proc.stderr and "it/s" not in proc.stderr  # no progress bar without a TTY
+    sweep = tmp_path / "sweep"
+    assert all(s["status"] == "finished" for s in _summaries(sweep, 4))
+    rows = _leaderboard(sweep)
+    losses = [float(r["best_val_loss"]) for r in rows]
+    assert len(rows) == 4 and losses == sorted(losses)
+    assert {frozenset(r["overrides"].split()) for r in rows} == {
+        frozenset({f"optim.lr={lr}", f"model.n_layer={n}"}) for lr in ("0.001", "0.003") for n in (1, 2)
+    }
+    assert (sweep / "val_curves.png").stat().st_size > 1000 and "leaderboard:" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_optuna_study_with_a_failing_trial_completes(tmp_path, data_root, optim):
+    """Four trials drawn by TPE (seed 1337) from lr in {1e-3, 1e9}: the diverging ones are failed
+    trials, the others complete, and the study writes its results."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the optuna extra: pip install -e '.[optuna]'")
+    root, data_overrides = data_root
+    search = tmp_path / "search"
+    args = [
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=4",
+        f"optim={optim}",
+        "optim.lr=choice(1e-3,1e9)",
+        "train.max_bad_steps=2",
+        *QUICK,
+        *data_overrides,
+        f"hydra.sweep.dir={search}",
+    ]
+    proc = run_script("train.py", args, tmp_path, root, timeout=600)
+    statuses = [s["status"] for s in _summaries(search, 4)]
+    assert "failed" in statuses and "finished" in statuses, (statuses, proc.stderr[-3000:])
+    assert proc.returncode == 1 and "jobs failed" in proc.stderr  # the study ran to its end, and says so
+    results = (search / "optimization_results.yaml").read_text()
+    assert "best_value" in results and "1000000000" not in results.split("best_params:")[1]
+    overrides = [" ".join(s["overrides"]) for s in _summaries(search, 4)]
+    assert all(("optim.muon_lr=" in o) == (optim == "muon") for o in overrides)  # Muon's rate only with Muon
+    assert len(_leaderboard(search)) == 4
+
+
+@pytest.mark.parametrize("search", ["optuna", "optuna_gpu"])
+@pytest.mark.parametrize(
+    "base",
+    [
+        [],
+        ["optim=adamw"],
+        ["experiment=shakespeare_char"],
+        ["experiment=finetune_char"],
+        ["experiment=finetune_shakespeare"],
+        ["experiment=compare_archs"],
+    ],
+)
+def test_a_search_never_draws_an_invalid_trial(search, base):
+    """Every search config with every optimizer and experiment: its keys exist (checked before
+    the study starts), and 30 trials drawn from its space all make valid settings."""
+    optuna = pytest.importorskip("optuna")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_optuna_distribution_from_override
+
+    from gpt.apps.sweep import search_space
+
+    overrides = [*base, f"hparams_search={search}"]
+    check_sweep("config", overrides, "tinygpt train")
+    cfg = compose_raw("config", overrides, hydra=True)
+    params = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()])
+    space = {o.key_or_group: create_optuna_distribution_from_override(o) for o in params}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(30):
+        trial = study.ask(space)
+        search_space(cfg, trial)
+        drawn = [f"{k}={v}" for k, v in trial.params.items()]
+        assert ("optim.muon_lr" in trial.params) == (cfg.optim.name == "muon")
+        settings = settings_of(compose_raw("config", [*overrides, *drawn]))
+        assert settings.optim.lr == trial.params["optim.lr"]
+        study.tell(trial, 1.0)
+
+
+def test_a_misspelt_key_in_a_search_space_is_refused_before_the_study(tmp_path, monkeypatch):
+    import shutil
+
+    from gpt.apps import common
+
+    configs = tmp_path / "configs"
+    shutil.copytree(common.config_dir(), configs)
+    search = (configs / "hparams_search" / "optuna.yaml").read_text()
+    (configs / "hparams_search" / "typo.yaml").write_text(search.replace("model.n_layer:", "model.n_layr:"))
+    (configs / "hparams_search" / "badtype.yaml").write_text(search.replace("interval(0.0, 0.2)", "choice(0.1, abc)"))
+    monkeypatch.setattr(common, "config_dir", lambda: configs)
+    with pytest.raises(TinyGPTError, match="unknown setting 'model.n_layr'"):
+        check_sweep("config", ["hparams_search=typo"], "tinygpt train")
+    with pytest.raises(TinyGPTError, match="model.dropout must be a number, got 'abc'"):
+        check_sweep("config", ["hparams_search=badtype"], "tinygpt train")
+
+
+@pytest.mark.slow
+def test_a_killed_job_shows_as_stale(tmp_path, data_root):
+    """kill -9 leaves no chance to write 'failed': the summary still says running, with the
+    writer's pid, which is gone; `tinygpt sweep` calls that stale."""
+    root, data_overrides = data_root
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
+    args = ["-m", "debug=tiny", *data_overrides, "train.max_iters=100000", "train.log_interval=1", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "running"
+    shown = run_script("sweep", [str(sweep)], tmp_path, root)
+    assert shown.returncode == 0 and "| 0 | stale |" in shown.stdout, shown.stdout
+
+
+def test_status_of_a_run_written_elsewhere_follows_its_heartbeat():
+    from gpt.tracking import STALE_AFTER, status_of
+
+    now = 1_000_000.0
+    running = {"status": "running", "host": "another-host", "pid": 1, "heartbeat": now - 60}
+    assert status_of(running, now) == "running"
+    assert status_of({**running, "heartbeat": now - STALE_AFTER - 1}, now) == "stale"
+    assert status_of({**running, "status": "failed"}, now) == "failed" and status_of({}, now) == "no summary"
+
+
+def test_compose_keeps_the_sweep_free_of_hydra_noise():
+    assert compose("config", ["hparams_search=optuna"]).train.max_iters == 500  # the quick search's trial length

@@ -5,7 +5,6 @@ Run: pytest tests/apps/test_train.py"""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -104,55 +103,6 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
     assert f"resuming from {run_dir / 'checkpoints' / checkpoint.step_file(stopped_at)} at step {stopped_at}" in resumed.stdout
     assert checkpoint.load(checkpoint.latest(run_dir)).step == stopped_at + 3
     assert (run_dir / ".hydra-1" / "overrides.yaml").is_file()  # the first invocation's record is kept
-
-
-@pytest.mark.slow
-def test_two_by_two_multirun_ends_in_a_leaderboard(tmp_path, data_root):
-    root, data_overrides = data_root
-    args = [
-        "-m",
-        *QUICK,
-        *data_overrides,
-        "optim.lr=1e-3,3e-3",
-        "model.n_layer=1,2",
-        "train.sample_tokens=0",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-    ]
-    proc = run_script("train.py", args, tmp_path, root, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step/s" not in proc.stderr and "it/s" not in proc.stderr  # no progress bar without a TTY
-    sweep = tmp_path / "sweep"
-    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(4)]
-    assert all(s["status"] == "finished" for s in summaries)
-    with open(sweep / "leaderboard.csv") as f:
-        rows = list(csv.DictReader(f))
-    losses = [float(r["best_val_loss"]) for r in rows]
-    assert len(rows) == 4 and losses == sorted(losses)
-    assert {frozenset(r["overrides"].split()) for r in rows} == {
-        frozenset({f"optim.lr={lr}", f"model.n_layer={n}"}) for lr in ("0.001", "0.003") for n in (1, 2)
-    }
-    assert (sweep / "val_curves.png").stat().st_size > 1000 and "leaderboard:" in proc.stdout
-
-
-@pytest.mark.slow
-def test_optuna_search_runs_three_trials(tmp_path, data_root):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the optuna extra: pip install -e '.[optuna]'")
-    root, data_overrides = data_root
-    args = [
-        "-m",
-        "hparams_search=optuna",
-        "hydra.sweeper.n_trials=3",
-        *QUICK,
-        *data_overrides,
-        "train.sample_tokens=0",
-        f"hydra.sweep.dir={tmp_path / 'search'}",
-    ]
-    proc = run_script("train.py", args, tmp_path, root, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summaries = [json.loads((tmp_path / "search" / str(i) / "summary.json").read_text()) for i in range(3)]
-    assert all(s["status"] == "finished" for s in summaries)
-    assert len({tuple(s["overrides"]) for s in summaries}) == 3  # three different trials
-    assert "Best value" in proc.stdout + proc.stderr or (tmp_path / "search" / "optimization_results.yaml").exists()
 
 
 def test_slurm_launcher_config_composes():

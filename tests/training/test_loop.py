@@ -13,7 +13,7 @@ import signal
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 from gpt import checkpoint, runtime
 from gpt.errors import TinyGPTError
@@ -207,6 +207,8 @@ def test_event_file_holds_scalars_text_hparams_histograms_and_attention(tmp_path
     assert start.hparams["optim.lr"].number_value == pytest.approx(cfg.optim.lr)
     assert start.hparams["optim.name"].string_value == cfg.optim.name
     assert start.hparams["model.name"].string_value == "gpt-nano"
+    end = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_end_info"]).session_end_info
+    assert api_pb2.Status.Name(end.status) == "STATUS_SUCCESS"  # written at the end, with the run's status
     experiment = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/experiment"]).experiment
     assert {m.name.tag for m in experiment.metric_infos} == {"hparams/best_val_loss", "hparams/final_val_loss"}
     best = [e.value for e in acc.Scalars("hparams/best_val_loss")]
@@ -230,6 +232,10 @@ def test_failed_run_leaves_a_failed_summary(tmp_path, data_root, monkeypatch):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == "simulated failure"
     assert summary["best_val_loss"] is not None  # the step-0 eval had happened
+    assert summary["pid"] == os.getpid() and summary["heartbeat"] > 0  # who wrote it, and when
+    plugin = _events(tmp_path).PluginTagToContent("hparams")
+    end = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_end_info"]).session_end_info
+    assert api_pb2.Status.Name(end.status) == "STATUS_FAILURE"  # TensorBoard shows the failure too
 
 
 def test_public_step_and_evaluate_api(tmp_path, data_root):
