@@ -13,7 +13,6 @@ No torch here: composing a config (and refusing a bad one) stays fast.
 from __future__ import annotations
 
 import os
-import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -59,15 +58,6 @@ def expected_type(cls, name: str) -> str | None:
     allowed = typing.get_args(hints[name]) or (hints[name],)
     names = [_NAMES.get(t, "null" if t is type(None) else None) for t in allowed]
     return " or ".join(names) if all(names) else None
-
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def unescape(text: str) -> str:
-    """\\n, \\t, \\r and \\\\ in text typed on a command line as the characters they name (a
-    shell passes them on as a backslash and a letter); any other backslash stays as it is."""
-    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
 def _at_least(obj, section: str, minimum: int, names: tuple[str, ...], hint: str = "") -> None:
@@ -349,9 +339,8 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        # stop=END and 'stop=[END,"\n\n"]' both work; a shell passes \n as two characters
-        stops = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
-        self.stop = tuple(unescape(str(s)) for s in stops)
+        # stop=END and 'stop=[END,"\n\n"]' both work
+        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(str(s) for s in (self.stop or ()))
         _at_least(self, "", 1, ("max_new_tokens",))
         if self.top_k is not None and self.top_k < 1:
             raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")

@@ -58,8 +58,18 @@ def _val_curve(run_dir: Path) -> list[tuple[int, float]]:
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
-    """Hydra names job folders 0, 1, 2, ...; anything else in the sweep folder is not a job."""
-    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    """The sweep's job folders: those holding Hydra's record of a job or a run summary. Hydra
+    names them 0, 1, 2, ... unless hydra.sweep.subdir says otherwise; numbers sort as numbers."""
+    jobs = [
+        p
+        for p in sweep_dir.iterdir()
+        if p.is_dir() and ((p / ".hydra").is_dir() or (p / "summary.json").is_file() or p.name.isdigit())
+    ]
+    return sorted(jobs, key=_order)
+
+
+def _order(job: Path) -> tuple:
+    return (0, int(job.name), "") if job.name.isdigit() else (1, 0, job.name)
 
 
 def _overrides(job: Path, summary: dict) -> list[str]:
@@ -97,7 +107,7 @@ def collect(sweep_dir: Path) -> list[dict]:
     def key(row):
         loss = row["best_val_loss"]
         usable = isinstance(loss, (int, float)) and math.isfinite(loss)
-        return (not usable, loss if usable else 0.0, row["status"] != "finished", int(row["run"]))
+        return (not usable, loss if usable else 0.0, row["status"] != "finished", _order(Path(row["run"])))
 
     # Show what sets runs apart: the overrides that are not common to every run of the sweep
     # (among the runs whose overrides are known).
@@ -115,7 +125,7 @@ def _fmt(column: str, value) -> str:
     if value is None:
         return ""
     if column == "error":  # one line already; a Markdown cell must not hold a pipe
-        return str(value).replace("|", "\\|")
+        return " ".join(str(value).split()).replace("|", "\\|")
     if column.endswith("loss"):
         return f"{value:.4f}"
     if column == "wall_s":

@@ -81,7 +81,8 @@ class MetricsFile:
             self.f.close()
 
 
-STALE_AFTER = 1800.0  # seconds without a heartbeat after which a run written on another host is stale
+STALE_AFTER = 7200.0  # seconds without a heartbeat after which a run written on another host is stale
+BEAT_EVERY = 10.0  # seconds: between the summary writes that only say "still here" (each is an fsync)
 
 
 class RunSummary:
@@ -100,6 +101,11 @@ class RunSummary:
         if self.path is not None:
             io.write_json(self.path, self.data)
 
+    def beat(self, **values) -> None:
+        """`update`, at most once every BEAT_EVERY seconds (progress between evals)."""
+        if time.time() - self.data.get("heartbeat", 0.0) >= BEAT_EVERY:
+            self.update(**values)
+
 
 def status_of(summary: dict, now: float | None = None) -> str:
     """A summary's status, with `stale` for a run recorded as running whose writer is gone: its
@@ -107,7 +113,8 @@ def status_of(summary: dict, now: float | None = None) -> str:
     status = summary.get("status", "no summary")
     if status != "running":
         return status
-    if summary.get("host") == socket.gethostname() and isinstance(summary.get("pid"), int):
+    # On Windows os.kill(pid, 0) would end the process: there only the heartbeat tells.
+    if os.name == "posix" and summary.get("host") == socket.gethostname() and isinstance(summary.get("pid"), int):
         try:
             os.kill(summary["pid"], 0)
         except ProcessLookupError:

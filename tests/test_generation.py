@@ -204,6 +204,9 @@ def test_repetition_penalty_changes_greedy_choice():
     assert len(set(penalised[0, :12].tolist())) == 12  # a huge penalty: no token twice for a while
 
 
-def test_escapes_in_stop_strings_are_the_characters_they_name():
-    assert SamplingSettings(stop=["\\n\\n", "a\\tb", "C:\\\\new", "\\q"]).stop == ("\n\n", "a\tb", "C:\\new", "\\q")
+def test_stop_strings_from_python_are_taken_as_given():
+    """Escapes are a command line's matter (gpt.apps.sample); a settings object, and a copy of
+    it (stream() makes one per sample), keeps its strings as they are."""
+    settings = SamplingSettings(stop=["\\n", "a\nb"])
+    assert settings.stop == ("\\n", "a\nb") and replace(settings, seed=2).stop == settings.stop
     assert SamplingSettings(stop="END").stop == ("END",) and SamplingSettings().stop == ()

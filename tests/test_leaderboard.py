@@ -72,6 +72,15 @@ def test_only_the_differing_overrides_are_listed_also_without_a_summary(tmp_path
     assert rows["1"]["status"] == "no summary"
 
 
+def test_an_error_stays_on_its_row(tmp_path):
+    job = tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    (job / "summary.json").write_text(json.dumps({"status": "failed", "error": "line one\nline | two"}))
+    write_leaderboard(tmp_path / "sweep")
+    row = [line for line in (tmp_path / "sweep" / "leaderboard.md").read_text().splitlines() if line.startswith("| 1 ")]
+    assert len(row) == 1 and row[0].endswith("| line one line \\| two |")
+
+
 def test_a_run_directory_is_not_a_sweep(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(TinyGPTError, match="is a run directory, not a sweep"):

@@ -14,6 +14,7 @@ are SamplingSettings).
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     free = ("prompt", "prompt_file", "out_file", "run_dir", "ckpt", "init_from")
     common.run_command(argv, "sample", _COMMAND, __doc__, lambda s: sample(s, out=sys.stdout, status=sys.stderr), free)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """\\n, \\t, \\r and \\\\ in text typed on a command line as the characters they name (a
+    shell passes them on as a backslash and a letter); any other backslash stays as it is."""
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
 def read_prompts(s: SampleConfig, stdin: TextIO | None = None) -> list[str]:
@@ -71,6 +81,7 @@ def sample(
     `status`. None for either prints nothing (the Python API)."""
     from gpt import loading, runtime
 
+    s.stop = tuple(unescape(stop) for stop in s.stop)  # typed in a shell: \n is a backslash and an n
     prompts = read_prompts(s, stdin)
     rt = runtime.setup(s.device, s.dtype, s.compile)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from gpt.apps import common
 from gpt.config import SweepConfig
@@ -34,18 +35,33 @@ def summarise(s: SweepConfig) -> list[dict]:
     return rows
 
 
+# The failed jobs of the multirun in this process, by job number: filled by the train command's
+# jobs and by the callback below, read at the sweep's end. (Launchers that run jobs elsewhere,
+# e.g. SLURM, leave it empty: their failures show in the leaderboard.)
+FAILED: dict[int, str] = {}
+ENDED: set[int] = set()  # the job numbers that ended, failed or not
+
+
 class LeaderboardCallback(Callback):
     """Keeps a multirun's leaderboard current: rewritten as each job ends (an interrupted or
-    killed sweep still has one), and at the end a line on the best run and on any failures
-    (then the exit status is 1)."""
+    killed sweep still has one), and at the end a line on the best run and on the jobs of this
+    sweep that failed (then the exit status is 1)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        FAILED.clear()
+        ENDED.clear()
 
     def on_job_end(self, config, job_return=None, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
         hydra_cfg = HydraConfig.get()
         if hydra_cfg.mode != RunMode.MULTIRUN or common.rank() != 0:
             return
+        ENDED.add(hydra_cfg.job.num)
+        if job_return is not None and job_return.status == JobStatus.FAILED:  # JobFailed, or a bug
+            FAILED.setdefault(hydra_cfg.job.num, str(job_return._return_value).splitlines()[0])
         try:
             write_leaderboard(hydra_cfg.sweep.dir)
         except Exception as e:  # a plot or a full disk must not end the sweep
@@ -59,12 +75,10 @@ class LeaderboardCallback(Callback):
             print(
                 f"leaderboard: {sweep_dir / 'leaderboard.md'} (best: run {best['run']}, val {best['best_val_loss']:.4f}, {best['overrides']})"
             )
-        failed = sorted((r for r in rows if r["status"] == "failed"), key=lambda r: int(r["run"]))
-        if failed:
-            first = failed[0]
+        if FAILED:
+            num, ended = min(FAILED), len(ENDED | set(FAILED))
             print(
-                f"error: {len(failed)} of {len(rows)} jobs failed (first: job {first['run']}: {first['error']}); "
-                f"see {sweep_dir / 'leaderboard.md'}",
+                f"error: {len(FAILED)} of {ended} jobs failed (first: job {num}: {FAILED[num]}); see {sweep_dir / 'leaderboard.md'}",
                 file=sys.stderr,
             )
             sys.exit(1)
@@ -72,18 +86,22 @@ class LeaderboardCallback(Callback):
 
 def search_space(config, trial) -> None:
     """Optuna's custom search space for tinygpt's search configs (hparams_search=...): the peak
-    learning rates of the optimizer the run uses, drawn on a log scale from a quarter to four
-    times their configured values, unless the search's own params name them; Muon's rate only
-    when the run uses Muon (optim=adamw has none, and an experiment may pin AdamW). Centred on
-    each recipe's values, and never below an absolute `optim.min_lr`, no draw is invalid.
-    Under a grid sampler the grid alone decides."""
+    learning rates of the optimizer each trial uses, drawn on a log scale from a quarter to four
+    times their configured values, unless the search names them itself (in its params, or as a
+    fixed value on the command line); Muon's rate only for Muon (optim=adamw has none, and an
+    experiment may pin AdamW; a search over `optim` itself gets each choice's own defaults).
+    Centred on each recipe's values, and never below an absolute `optim.min_lr`, no draw is
+    invalid. Under a grid sampler the grid alone decides."""
     import optuna
+
+    from gpt.config import OPTIMIZERS
 
     if isinstance(trial.study.sampler, optuna.samplers.GridSampler):
         return
-    optim = config.optim
+    chosen = trial.params.get("optim", trial.user_attrs.get("optim", config.optim.name))
+    optim = config.optim if chosen == config.optim.name else OmegaConf.structured(OPTIMIZERS[chosen])
     floor = optim.get("min_lr") or 0.0
     for key, base in (("optim.lr", optim.lr), ("optim.muon_lr", optim.get("muon_lr"))):
-        if base is not None and key not in trial.params:
+        if base is not None and key not in trial.params and key not in trial.user_attrs:
             low = max(base / 4, floor * base / optim.lr) if floor else base / 4
             trial.suggest_float(key, low, base * 4, log=True)

@@ -5,10 +5,11 @@ config, `--help` Hydra's help. The settings and their defaults: gpt/config.py (R
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from gpt.apps import common
+from gpt.apps import common, sweep
 from gpt.apps.common import JobFailed
 from gpt.config import RunConfig
 from gpt.errors import TinyGPTError
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
-            common.guard(lambda: common.check_sweep("config", own, _COMMAND))
+            common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=preflight))
         else:
             common.guard(lambda: preflight(common.compose("config", own, _COMMAND)))
         common.guard(lambda: protect_earlier_run(overrides))
@@ -52,6 +53,9 @@ def protect_earlier_run(overrides: list[str]) -> None:
     from gpt import checkpoint
 
     values = dict(a.split("=", 1) for a in overrides)
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        if key in values and Path(values[key]).expanduser().exists() and not Path(values[key]).expanduser().is_dir():
+            raise TinyGPTError(f"{key}={values[key]} is a file; name a directory (new, or a run's own to resume it)")
     if "hydra.run.dir" not in values or common.rank() != 0:
         return
     run_dir = Path(values["hydra.run.dir"]).expanduser()
@@ -77,10 +81,26 @@ def quiet_non_zero_ranks() -> list[str]:
 
 def _hydra_main(argv: list[str]) -> None:
     import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     common.register_schemas()
     sys.argv = [sys.argv[0], *argv]
-    hydra.main(version_base="1.3", config_path=str(common.config_dir()), config_name="config")(_task)()
+    # Hydra prints an error it catches as a trimmed traceback; unless the user asked for its
+    # full ones (HYDRA_FULL_ERROR), let errors reach us and say them in one line. A bug keeps
+    # its traceback either way.
+    ours = "HYDRA_FULL_ERROR" not in os.environ
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        hydra.main(version_base="1.3", config_path=str(common.config_dir()), config_name="config")(_task)()
+    except (HydraException, OmegaConfBaseException) as e:
+        if not ours:
+            raise
+        common.fail(str(e) if isinstance(e, JobFailed) else common.explain(e, _COMMAND))
+    except ValueError as e:  # Optuna's study, when not one trial completed
+        if not ours or "No trials are completed" not in str(e):
+            raise
+        common.fail("no trial of the search completed: each one's reason is in its summary.json and the sweep's leaderboard.md")
 
 
 def _task(cfg) -> float:
@@ -98,6 +118,8 @@ def _task(cfg) -> float:
     dist = distributed.from_env()
     say = logger.info if dist.is_main else (lambda *a: None)
 
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+
     def run() -> float:
         settings = common.settings_of(cfg)
         settings.paths.output_dir = settings.paths.output_dir or output_dir
@@ -106,6 +128,8 @@ def _task(cfg) -> float:
         except Preempted:
             launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
             say(f"resume with: {launcher} <the same overrides> hydra.run.dir={settings.paths.output_dir}")
+            if multirun and dist.is_main:  # the sweep stops here: its leaderboard shows this job too
+                sweep.write_leaderboard(hydra_cfg.sweep.dir)
             raise
         say(f"sample with: {_command('sample')} run_dir={settings.paths.output_dir}")
         return summary.get("best_val_loss", float("nan"))  # what a sweeper minimises
@@ -114,18 +138,21 @@ def _task(cfg) -> float:
         """A failed job is recorded (its summary.json) and the sweep goes on: Hydra's basic
         sweeper would stop at a raised error, so it gets a NaN (the sweep's end reports the
         failures, gpt.apps.sweep.LeaderboardCallback); a sweeper that draws trials (Optuna)
-        gets JobFailed, a failed trial."""
+        gets JobFailed, a failed trial. Under torchrun the job stops as a single run does: the
+        other ranks must not wait in a job that rank 0 has left."""
         try:
             return run()
         except TinyGPTError as e:
-            if dist.is_main:
-                record_failure(Path(output_dir), str(e), overrides=overrides)
-                logger.error(f"error: {e}")
+            if dist.enabled:
+                raise
+            record_failure(Path(output_dir), str(e), overrides=overrides)
+            logger.error(f"error: {e}")
+            sweep.FAILED[hydra_cfg.job.num] = str(e)
             if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
                 return float("nan")
             raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {e}") from None
 
-    return common.guard(sweep_job if hydra_cfg.mode == RunMode.MULTIRUN else run)
+    return common.guard(sweep_job if multirun else run)
 
 
 def _command(name: str) -> str:

@@ -99,10 +99,7 @@ def build_run(cfg: RunConfig) -> Run:
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(checkpoint.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg.paths.output_dir = str(out_dir)
-    # Record what is used, not what stands for it: the schedule's length, the data root.
-    cfg.optim.decay_iters = cfg.optim.decay_iters or cfg.train.max_iters
-    cfg.optim.min_lr = cfg.optim.min_lr if cfg.optim.min_lr is not None else cfg.optim.lr * cfg.optim.min_lr_ratio
-    cfg.paths.data_dir = str(cfg.paths.data_root())
+    cfg.paths.data_dir = str(cfg.paths.data_root())  # recorded as used
     source = _resume_source(cfg, out_dir, dist)
     log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
     # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
@@ -111,6 +108,7 @@ def build_run(cfg: RunConfig) -> Run:
 
     data = _load_data(cfg, dist, log)
     resumed = checkpoint.load(source) if source else None
+    _resolve_schedule(cfg, resumed, log)
     model, model_config = _model(cfg, data, resumed, log)
     lora = _finetune(model, cfg, resumed, log)
     model = model.to(rt.device)
@@ -144,6 +142,19 @@ def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist) -> Pat
             "this experiment needs a model to start from: pass init_from=<run dir | checkpoint | gpt2 | HF folder>"
         )
     return source
+
+
+def _resolve_schedule(cfg: RunConfig, resumed: Checkpoint | None, log) -> None:
+    """The schedule's length and floor as numbers (checkpoints record what was used). A run from
+    before `optim.min_lr_ratio` existed (its settings name a min_lr and no ratio) keeps its floor
+    unless the command line gives one."""
+    optim, saved = cfg.optim, (resumed.config.get("optim") or {}) if resumed is not None else {}
+    optim.decay_iters = optim.decay_iters or cfg.train.max_iters
+    if optim.min_lr is None and saved.get("min_lr") is not None and "min_lr_ratio" not in saved:
+        optim.min_lr = saved["min_lr"]
+        log(f"notice: keeping the checkpoint's optim.min_lr={optim.min_lr:g} (it predates optim.min_lr_ratio)")
+    if optim.min_lr is None:
+        optim.min_lr = optim.lr * optim.min_lr_ratio
 
 
 def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:

@@ -121,3 +121,9 @@ def test_stop_strings_typed_on_the_command_line_mean_what_they_say(tmp_path):
     for stop in ('stop=["\\n\\n"]', "stop=\\n\\n"):  # as typed in single quotes, list or not
         cut = run_script("sample.py", [*common, stop], tmp_path, tmp_path)
         assert cut.returncode == 0 and cut.stdout.endswith("----------\nab\n"), (stop, cut.stdout, cut.stderr)
+
+
+def test_escapes_typed_in_a_shell_are_the_characters_they_name():
+    from gpt.apps.sample import unescape
+
+    assert [unescape(s) for s in ("\\n\\n", "a\\tb", "C:\\\\new", "\\q")] == ["\n\n", "a\tb", "C:\\new", "\\q"]

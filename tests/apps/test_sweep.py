@@ -216,3 +216,112 @@ def test_status_of_a_run_written_elsewhere_follows_its_heartbeat():
 
 def test_compose_keeps_the_sweep_free_of_hydra_noise():
     assert compose("config", ["hparams_search=optuna"]).train.max_iters == 500  # the quick search's trial length
+
+
+def test_the_exit_status_is_this_sweeps_own(tmp_path, data_root):
+    """Failures are counted as the jobs end, not read back from folders: a job refused because
+    its folder holds an earlier run (whose record stays as it was) still counts, and an earlier
+    invocation's failure left in a reused sweep folder does not."""
+    root, data_overrides = data_root
+    sweep = tmp_path / "sweep"
+    common = ["-m", *QUICK, *data_overrides, f"hydra.sweep.dir={sweep}"]
+    first = run_script("train.py", [*common, "optim.lr=1e-3,-1"], tmp_path, root)
+    assert first.returncode == 1 and "1 of 2 jobs failed" in first.stderr
+    again = run_script("train.py", [*common, "optim.lr=1e-3"], tmp_path, root)  # job 0 again: resumes, finished
+    assert again.returncode == 0, again.stderr[-2000:]
+    refused = run_script("train.py", [*common, "optim.lr=1e-3", "resume=false"], tmp_path, root)
+    assert refused.returncode == 1 and "already holds a run" in refused.stderr
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "finished"  # its record untouched
+
+
+def test_job_folders_named_by_their_overrides(tmp_path, data_root):
+    root, data_overrides = data_root
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        *QUICK,
+        *data_overrides,
+        "optim.lr=1e-3,-1",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+    ]
+    proc = run_script("train.py", args, tmp_path, root)
+    assert proc.returncode == 1 and "1 of 2 jobs failed" in proc.stderr, proc.stderr[-2000:]
+    assert sorted((r["status"], r["overrides"]) for r in _leaderboard(sweep)) == [
+        ("failed", "optim.lr=-1"),
+        ("finished", "optim.lr=0.001"),
+    ]
+
+
+def test_a_glob_sweep_runs(tmp_path, data_root):
+    root, data_overrides = data_root
+    proc = run_script(
+        "train.py", ["-m", *QUICK, *data_overrides, "model=glob(gpt-n*)", f"hydra.sweep.dir={tmp_path / 's'}"], tmp_path, root
+    )
+    assert proc.returncode == 0 and [r["status"] for r in _leaderboard(tmp_path / "s")] == ["finished"], proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_search_whose_every_trial_fails_says_so_in_one_line(tmp_path, data_root):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the optuna extra: pip install -e '.[optuna]'")
+    root, data_overrides = data_root
+    args = [
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "optim.lr=choice(1e9)",
+        "train.max_bad_steps=1",
+        *QUICK,
+        *data_overrides,
+        f"hydra.sweep.dir={tmp_path / 's'}",
+    ]
+    proc = run_script("train.py", args, tmp_path, root, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: no trial of the search completed")
+    assert "Traceback" not in proc.stderr and [r["status"] for r in _leaderboard(tmp_path / "s")] == ["failed", "failed"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_and_its_leaderboard_shows_the_job(tmp_path, data_root):
+    root, data_overrides = data_root
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1"}
+    args = [
+        "-m",
+        "debug=tiny",
+        *data_overrides,
+        "train.max_iters=100000",
+        "train.log_interval=1",
+        "optim.lr=1e-3,3e-3",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    from helpers import sigterm_after_step_5
+
+    returncode, out, err = sigterm_after_step_5([sys.executable, str(REPO / "train.py"), *args], tmp_path, env)
+    assert returncode == 0, err[-2000:]  # preempted: the sweep stops cleanly, to be rerun
+    assert [(r["run"], r["status"]) for r in _leaderboard(sweep)] == [("0", "interrupted")]
+
+
+def test_the_search_space_leaves_fixed_and_chosen_optimizers_alone():
+    """A fixed optim.lr on the command line wins over the drawn one; with `optim` itself
+    searched, each trial's learning rates are those of the optimizer it drew."""
+    optuna = pytest.importorskip("optuna")
+    from optuna.distributions import CategoricalDistribution
+
+    from gpt.apps.sweep import search_space
+
+    cfg = compose_raw("config", ["hparams_search=optuna"], hydra=True)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    fixed = study.ask()
+    fixed.set_user_attr("optim.lr", 1e-3)
+    search_space(cfg, fixed)
+    assert "optim.lr" not in fixed.params and "optim.muon_lr" in fixed.params
+    drawn = set()
+    for _ in range(20):
+        trial = study.ask({"optim": CategoricalDistribution(["adamw", "muon"])})
+        search_space(cfg, trial)
+        assert ("optim.muon_lr" in trial.params) == (trial.params["optim"] == "muon")
+        low = 0.002 / 4 if trial.params["optim"] == "adamw" else 0.003 / 4  # each optimizer's own default peak
+        assert low <= trial.params["optim.lr"] <= 16 * low
+        drawn.add(trial.params["optim"])
+        study.tell(trial, 1.0)
+    assert drawn == {"adamw", "muon"}

@@ -100,3 +100,31 @@ def test_eval_batches_are_capped_at_the_training_steps(tmp_path, data_root, capl
             )
         )
     assert run.cfg.train.eval_iters == 3 and "eval_iters 50 -> 3" in caplog.text
+
+
+def test_a_run_from_before_min_lr_ratio_keeps_its_floor(tmp_path, data_root, caplog):
+    """Checkpoints written before optim.min_lr_ratio existed record an absolute min_lr; resuming
+    one without a floor on the command line keeps it (not lr * the ratio's default)."""
+    from gpt import checkpoint
+
+    root, data_overrides = data_root
+    base = [
+        "debug=tiny",
+        *data_overrides,
+        f"paths.data_dir={root}",
+        "train.max_iters=4",
+        "train.eval_interval=2",
+        "train.sample_tokens=0",
+        "optim.lr=1e-3",
+    ]
+    train(compose(base, tmp_path))
+    path = checkpoint.latest(tmp_path)
+    old = checkpoint.load(path)
+    del old.config["optim"]["min_lr_ratio"]
+    old.config["optim"]["min_lr"] = 3e-4
+    checkpoint.save(path, old)
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(compose([*base, "train.max_iters=6"], tmp_path))
+    assert run.schedule.min_lr == 3e-4 and "keeping the checkpoint's optim.min_lr=0.0003" in caplog.text
+    fresh = build_run(compose(base, tmp_path / "new"))
+    assert fresh.schedule.min_lr == pytest.approx(1e-4)
