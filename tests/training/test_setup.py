@@ -74,9 +74,9 @@ def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
     assert isinstance(text, str) and len(text) > 0
 
 
-def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_root, caplog):
+def _four_steps(data_root) -> list[str]:
     root, data_overrides = data_root
-    base = [
+    return [
         "debug=tiny",
         *data_overrides,
         f"paths.data_dir={root}",
@@ -84,6 +84,10 @@ def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_r
         "train.eval_interval=2",
         "train.sample_tokens=0",
     ]
+
+
+def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_root, caplog):
+    base = _four_steps(data_root)
     train(compose(base, tmp_path))
     with caplog.at_level("INFO", logger="tinygpt"):
         run = build_run(compose([*base, "model.n_embd=36", "train.max_iters=6"], tmp_path))
@@ -107,16 +111,7 @@ def test_a_run_from_before_min_lr_ratio_keeps_its_floor(tmp_path, data_root, cap
     one without a floor on the command line keeps it (not lr * the ratio's default)."""
     from gpt import checkpoint
 
-    root, data_overrides = data_root
-    base = [
-        "debug=tiny",
-        *data_overrides,
-        f"paths.data_dir={root}",
-        "train.max_iters=4",
-        "train.eval_interval=2",
-        "train.sample_tokens=0",
-        "optim.lr=1e-3",
-    ]
+    base = [*_four_steps(data_root), "optim.lr=1e-3"]
     train(compose(base, tmp_path))
     path = checkpoint.latest(tmp_path)
     old = checkpoint.load(path)
