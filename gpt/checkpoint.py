@@ -116,11 +116,17 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
     if not path.is_file():
         raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        try:
+            payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as e:
+            if not (mmap and "mmap can only be used" in str(e)):
+                raise
+            payload = torch.load(path, map_location=map_location, weights_only=True)  # an old-style file: read it
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError) as e:
         # Not a file torch wrote (a text file, a truncated copy): the unpickler fails in many ways.
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, (KeyError, IndexError, TypeError, EOFError)):
+        # torch's own advice (e.g. to load with weights_only=False) is not passed on: unsafe.
+        if isinstance(e, (KeyError, IndexError, TypeError, EOFError)) or "torch.save" in first or "weights_only" in first:
             first = "it is not a file written by torch.save, or it was cut short"
         raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
     if not isinstance(payload, dict):

@@ -310,9 +310,11 @@ class RunConfig:
     device: str = "auto"  # auto = cuda > mps > cpu; or cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto = bf16 autocast where supported, fp16 + GradScaler on older GPUs, fp32 elsewhere
     compile: str = "auto"  # auto = on for CUDA | true | false
+    threads: int | None = None  # CPU threads; null: the free cores, looked at again as other work comes and goes (gpt.threads)
 
     def __post_init__(self) -> None:
         check_types(self, "")
+        _at_least(self, "", 1, ("threads",))
         self.compile = self.compile.lower()  # compile=true arrives as "True"
         if self.compile not in ("auto", "true", "false"):
             raise TinyGPTError(f"compile={self.compile!r} is not understood; use compile=auto, compile=true or compile=false")
@@ -383,10 +385,11 @@ class SampleConfig(SamplingSettings, ModelChoice):
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = False  # torch.compile the model first (pays off for long generations on a GPU)
+    threads: int | None = None  # CPU threads; null: the free cores
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _at_least(self, "", 1, ("num_samples",))
+        _at_least(self, "", 1, ("num_samples", "threads"))
 
 
 @dataclass
@@ -398,11 +401,12 @@ class EvalConfig(ModelChoice):
     max_tokens: int | None = None  # score at most this many tokens
     batch_size: int = 16
     device: str = "auto"
+    threads: int | None = None  # CPU threads; null: the free cores
     data: DataSettings | None = None  # another prepared dataset (data=<name>); null: the model's own
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        _at_least(self, "", 1, ("max_tokens", "batch_size"))
+        _at_least(self, "", 1, ("max_tokens", "batch_size", "threads"))
         if self.split not in ("train", "val"):
             raise TinyGPTError(f"split={self.split!r}: use train or val")
 

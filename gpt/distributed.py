@@ -21,6 +21,7 @@ class Dist:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # processes on this node
 
     @property
     def enabled(self) -> bool:
@@ -36,8 +37,10 @@ def from_env() -> Dist:
     per-task variables (one task per GPU, e.g. via the submitit launcher), else rank 0 of 1."""
     env = os.environ
     if "RANK" in env or "SLURM_NTASKS" not in env:
-        return Dist(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
-    return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]))
+        size = int(env.get("WORLD_SIZE", 1))
+        return Dist(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), size, int(env.get("LOCAL_WORLD_SIZE", size)))
+    per_node = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])  # "4(x2)" in some SLURM versions
+    return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), per_node)
 
 
 def init(d: Dist, device: torch.device) -> None:

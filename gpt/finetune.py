@@ -10,18 +10,17 @@ from gpt import architectures, loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
-from gpt.tokenizer import tokenizer_identity
+from gpt.tokenizer import difference, tokenizer_identity
 
 
 def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print):
     """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data."""
     loaded = loading.load(str(source), dropout=dropout)
     model = loaded.model.train()
-    ours, theirs = tokenizer_identity(loaded.tokenizer_spec), tokenizer_identity(data_tokenizer.to_dict())
-    if ours != theirs:
+    if tokenizer_identity(loaded.tokenizer_spec) != tokenizer_identity(data_tokenizer.to_dict()):
         raise TinyGPTError(
-            f"init_from={source} was trained with tokenizer {ours}, but the data uses {theirs}; "
-            f"pick data prepared with the same tokenizer"
+            f"init_from={source} was trained with another tokenizer than the data's "
+            f"({difference(loaded.tokenizer_spec, data_tokenizer.to_dict())}); pick data prepared with the same tokenizer"
         )
     crop = ft.block_size
     if crop and crop < model.config.block_size:

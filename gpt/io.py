@@ -47,6 +47,21 @@ def atomic_write(path: str | Path, mode: str = "wb", **open_kwargs) -> Iterator[
         tmp.unlink(missing_ok=True)
 
 
+def writable_dir(path: str | Path, hint: str) -> Path:
+    """`path` as a directory this process can write into (created if need be), or a TinyGPTError
+    that says why not and how to fix it (`hint`), before anything is written there."""
+    from gpt.errors import TinyGPTError
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TinyGPTError(f"cannot create the folder {path} ({e.strerror or e}); {hint}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TinyGPTError(f"cannot write into {path} (permission denied); {hint}")
+    return path
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_write(path) as f:
         f.write(data)

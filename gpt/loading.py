@@ -37,6 +37,22 @@ def choose(
     return str(checkpoint.resolve(ckpt, run_dir, runs_dir or PathsSettings().runs_dir))
 
 
+def check(source: str, what: str = "init_from") -> None:
+    """Refuse, cheaply and before anything is written, a source `load` could not load: not a GPT-2
+    name, folder or checkpoint; a run directory without checkpoints; a file that is no checkpoint
+    (its tensors are mapped, not read)."""
+    from gpt import pretrained
+
+    if pretrained.is_hf_source(source):
+        return
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise TinyGPTError(
+            f"{what}={source} is not a GPT-2 name ({', '.join(pretrained.HUB_MODELS)}), a folder or a checkpoint file"
+        )
+    checkpoint.load(checkpoint.checkpoint_in_run(path) if path.is_dir() else path, mmap=True)
+
+
 def load(source: str, dropout: float | None = None) -> Loaded:
     """A Hugging Face GPT-2 (Hub name or folder with config.json), a tinygpt checkpoint, or a run
     directory (its best.pt, else its newest step checkpoint). `dropout` replaces the model's."""
@@ -56,7 +72,11 @@ def load(source: str, dropout: float | None = None) -> Loaded:
         )
     path = checkpoint.checkpoint_in_run(path) if path.is_dir() else path
     ckpt = checkpoint.load(path)
-    return Loaded(model_from_checkpoint(ckpt, dropout).eval(), ckpt.tokenizer, str(path), ckpt)
+    try:
+        model = model_from_checkpoint(ckpt, dropout)
+    except TinyGPTError as e:
+        raise TinyGPTError(f"{path}: {e}") from None
+    return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)
 
 
 def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:

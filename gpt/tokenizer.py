@@ -195,6 +195,31 @@ def tokenizer_identity(d: dict) -> dict:
     return spec
 
 
+def describe(d: dict) -> str:
+    """A tokenizer's dict form in a few words: 'char (65 characters)', 'tiktoken r50k_base (50,257 tokens)'."""
+    spec = tokenizer_identity(d)
+    if spec["kind"] == "char":
+        return f"char ({len(spec.get('chars') or ())} characters)"
+    if spec["kind"] == "tiktoken":
+        size = f" ({spec['vocab_size']:,} tokens)" if spec.get("vocab_size") else ""
+        return f"tiktoken {spec['name']}{size}"
+    return spec["kind"]
+
+
+def difference(model: dict, data: dict) -> str:
+    """How two tokenizers differ, for an error message (not a 65-character vocabulary dump)."""
+    a, b = tokenizer_identity(model), tokenizer_identity(data)
+    text = f"{describe(model)} vs {describe(data)}"
+    if a["kind"] == b["kind"] == "char":
+        only_model, only_data = sorted(set(a["chars"]) - set(b["chars"])), sorted(set(b["chars"]) - set(a["chars"]))
+        shown = lambda cs: ", ".join(repr(c) for c in cs[:8]) + (f" and {len(cs) - 8} more" if len(cs) > 8 else "")  # noqa: E731
+        parts = [f"only the model has {shown(only_model)}"] * bool(only_model) + [f"only the data has {shown(only_data)}"] * bool(
+            only_data
+        )
+        text += f": {'; '.join(parts) or 'the same characters in another order'}"
+    return text
+
+
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     spec = normalize_spec(d)
     return _KINDS[spec.pop("kind")](**spec)

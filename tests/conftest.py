@@ -27,10 +27,29 @@ def data_root(tmp_path_factory) -> tuple[Path, list[str]]:
     if SHARED_TEXT.is_file():
         dest.write_bytes(SHARED_TEXT.read_bytes())
         return root, []
-    lines = [f"CITIZEN {i % 7}:\nWe are accounted poor citizens, the patricians good {i}.\n\n" for i in range(4000)]
-    dest.write_text("".join(lines), encoding="utf-8")
+    dest.write_text(stand_in_corpus(), encoding="utf-8")
     sha = hashlib.sha256(dest.read_bytes()).hexdigest()
     return root, [f"data.source.sha256={sha}"]
+
+
+def stand_in_corpus(n_speeches: int = 3000) -> str:
+    """Shakespeare-shaped text whose alphabet holds every printable ASCII character, so that any
+    prompt a test types (ROMEO:, KING:, JULIET: O, digits, punctuation) fits a char model trained
+    on it. Deterministic."""
+    speakers = ["ROMEO", "JULIET", "KING", "QUEEN", "First Citizen", "All", "MENENIUS", "HAMLET", "PROSPERO", "VIOLA"]
+    lines = [
+        "The quick brown fox jumps over the lazy dog.",
+        "PACK MY BOX WITH FIVE DOZEN LIQUOR JUGS!",
+        "But soft, what light through yonder window breaks?",
+        "Is this a dagger which I see before me; 'tis 0123456789 & no more.",
+        "We are accounted poor citizens, the patricians good (so they say) -- #1 of @ll.",
+        'Speak: "what [news] {from} <Rome>?" -- 50% + $3 * 2 = ~6 / |x| ^ 2 _ ` \\ end.',
+    ]
+    speeches = [
+        f"{speakers[i % len(speakers)]}:\n{lines[i % len(lines)]}\n{lines[(i * 7 + 3) % len(lines)]}\n\n"
+        for i in range(n_speeches)
+    ]
+    return "".join(speeches)
 
 
 @pytest.fixture(autouse=True)
@@ -38,17 +57,22 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(scope="session")
-def gpt2_ranks() -> Path | None:
-    """GPT-2's real BPE ranks file when ../shared has it (None otherwise)."""
-    return SHARED_RANKS if SHARED_RANKS.is_file() else None
+@pytest.fixture
+def gpt2_ranks() -> Path:
+    """GPT-2's real BPE ranks file; the test is skipped, saying where it was looked for, without."""
+    if not SHARED_RANKS.is_file():
+        pytest.skip(
+            f"needs GPT-2's BPE ranks at {SHARED_RANKS} (TINYGPT_TEST_SHARED=<folder> points elsewhere); "
+            "tiktoken cannot download them offline"
+        )
+    return SHARED_RANKS
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _offline_tiktoken(tmp_path_factory, gpt2_ranks):
+def _offline_tiktoken(tmp_path_factory):
     """Seed a private tiktoken cache so get_encoding("gpt2"/"r50k_base") works offline (also in
     subprocesses, which inherit the environment), and keep tests off the Hub."""
-    if gpt2_ranks is not None and not os.environ.get("TIKTOKEN_CACHE_DIR"):
+    if SHARED_RANKS.is_file() and not os.environ.get("TIKTOKEN_CACHE_DIR"):
         cache = tmp_path_factory.mktemp("tiktoken")
-        (cache / R50K_CACHE_NAME).write_bytes(gpt2_ranks.read_bytes())
+        (cache / R50K_CACHE_NAME).write_bytes(SHARED_RANKS.read_bytes())
         os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)

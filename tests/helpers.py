@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-SHARED_RANKS = REPO.parent / "shared" / "data" / "tiktoken" / "r50k_base.tiktoken"
+# The project's shared test material beside the checkout (the real Tiny Shakespeare, GPT-2's BPE
+# ranks); TINYGPT_TEST_SHARED points elsewhere, e.g. at nothing, to run as a fresh clone would.
+SHARED = Path(os.environ.get("TINYGPT_TEST_SHARED") or REPO.parent / "shared")
+SHARED_TEXT = SHARED / "data" / "tinyshakespeare" / "input.txt"
+SHARED_RANKS = SHARED / "data" / "tiktoken" / "r50k_base.tiktoken"
 R50K_CACHE_NAME = "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4"  # sha1 of tiktoken's r50k_base URL
 
 

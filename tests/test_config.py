@@ -130,7 +130,15 @@ def test_the_default_config_is_the_schema_defaults():
         f.name: getattr(settings, f.name)
         for f in fields(RunConfig)
         if f.name not in ("model", "data", "optim", "train", "finetune", "paths")
-    } == {"seed": 1337, "resume": "auto", "init_from": None, "device": "auto", "dtype": "auto", "compile": "auto"}
+    } == {
+        "seed": 1337,
+        "resume": "auto",
+        "init_from": None,
+        "device": "auto",
+        "dtype": "auto",
+        "compile": "auto",
+        "threads": None,
+    }
     assert compose("sample", []) == SampleConfig()
 
 

@@ -82,14 +82,21 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
 def test_process_placement_from_torchrun_or_slurm(monkeypatch):
     from gpt import distributed
 
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"):
+    for var in (
+        *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+        *("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ):
         monkeypatch.delenv(var, raising=False)
-    assert distributed.from_env() == distributed.Dist(0, 0, 1)
+    assert distributed.from_env() == distributed.Dist(0, 0, 1, 1)
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 1)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")  # some SLURM versions: 4 per node, 2 nodes
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 4)
     monkeypatch.setenv("RANK", "3")  # torchrun inside a SLURM allocation: torchrun's view wins
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert distributed.from_env() == distributed.Dist(3, 3, 4)
+    assert distributed.from_env() == distributed.Dist(3, 3, 4, 4)  # no LOCAL_WORLD_SIZE: one node
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert distributed.from_env() == distributed.Dist(3, 3, 4, 2)

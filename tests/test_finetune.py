@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from gpt import checkpoint, loading
+from gpt import architectures, checkpoint, loading
 from gpt.errors import TinyGPTError
+from gpt.lora import apply_lora
 from gpt.pretrained import export_hf
 from gpt.training import train
 from helpers import compose
@@ -68,11 +69,14 @@ def test_lora_finetune_resumes_and_samples_merged(tmp_path, data_root):
     assert step_ckpt.step == 8 and any(".lora_A" in k for k in step_ckpt.model) and step_ckpt.lora["rank"] == 2
     best = checkpoint.load(tmp_path / "ft" / "checkpoints" / "best.pt")
     assert not any(".lora_" in k for k in best.model) and best.lora is None  # merged for sampling and export
-    step_model = loading.load(str(checkpoint.latest(tmp_path / "ft"))).model  # adapters folded in on load
-    best_model = loading.load(str(tmp_path / "ft")).model
+    merged = loading.load(str(checkpoint.latest(tmp_path / "ft"))).model  # adapters folded in on load
+    unmerged = architectures.build(architectures.config_from_dict(step_ckpt.model_config)).eval()
+    apply_lora(unmerged, step_ckpt.lora["rank"], step_ckpt.lora["alpha"])
+    unmerged.load_state_dict(step_ckpt.model)
     idx = torch.randint(0, 10, (1, 8))
     with torch.no_grad():
-        assert torch.allclose(step_model(idx)[0], best_model(idx)[0], atol=1e-5)
+        assert torch.allclose(merged(idx)[0], unmerged(idx)[0], atol=1e-5)
+    assert loading.load(str(tmp_path / "ft")).checkpoint.lora is None  # best.pt: a plain model
 
 
 def test_tokenizer_mismatch_and_missing_base(tmp_path, data_root):

@@ -57,8 +57,6 @@ def test_tiny_ranks_file_builds_a_working_encoding(tmp_path):
 
 
 def test_real_gpt2_encoding(gpt2_ranks):
-    if gpt2_ranks is None:
-        pytest.skip("GPT-2's ranks file is not in ../shared")
     by_name = TiktokenTokenizer("gpt2")  # from the seeded tiktoken cache
     by_file = TiktokenTokenizer("gpt2", ranks_file=str(gpt2_ranks))
     assert by_name.encode("Hello world") == by_file.encode("Hello world") == [15496, 995]

@@ -48,8 +48,8 @@ def guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except TinyGPTError as e:
-        _log_to_files(f"error: {e}")
-        fail(str(e))
+        logs = _log_to_files(f"error: {e}")
+        fail(str(e) + (f" (logged in {logs[0]})" if logs else ""))
     except Preempted:  # checkpoint saved and resume command printed: a clean exit
         sys.exit(0)
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a traceback
@@ -57,12 +57,16 @@ def guard(fn: Callable[[], T]) -> T:
         sys.exit(130)
 
 
-def _log_to_files(message: str) -> None:
-    """Record the error in the run's log file (under Hydra) without printing it twice."""
+def _log_to_files(message: str) -> list[str]:
+    """Record the error in the run's log file (under Hydra) without printing it twice; returns
+    the files it went to."""
     record = logging.makeLogRecord({"msg": message, "levelno": logging.ERROR, "levelname": "ERROR"})
+    files = []
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+            files.append(handler.baseFilename)
+    return files
 
 
 # --- composing configs -------------------------------------------------------------------------
@@ -222,6 +226,13 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     return first
 
 
+def refuse_bare_words(argv: list[str], command: str) -> None:
+    """A word without `=` is no setting (Hydra's own report of it is four lines)."""
+    bare = [a for a in argv if "=" not in a and not a.startswith(("-", "~"))]
+    if bare:
+        raise TinyGPTError(f"{bare[0]!r} is not a setting: settings are key=value, e.g. model=gpt-nano (see `{command} --help`)")
+
+
 def take_verbatim(argv: list[str], key: str) -> tuple[list[str], str | None]:
     """Remove `key=value` from argv and return its value untouched by Hydra's override grammar,
     which rejects non-ASCII text and resolves `${...}`; free text such as a prompt needs neither."""
@@ -258,6 +269,7 @@ def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: C
     flags = [a for a in argv if a.startswith("-")]
     if flags:
         fail(f"unknown option {flags[0]!r} for `{command}`; settings are key=value (see `{command} --help`)")
+    guard(lambda: refuse_bare_words(argv, command))
 
     def run():
         # A placeholder stands in for each verbatim value while composing (a required key is given).

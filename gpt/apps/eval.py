@@ -28,16 +28,17 @@ def evaluate(s: EvalConfig) -> dict:
     import numpy as np
 
     from gpt import loading, runtime
+    from gpt.apps.sample import read_text
     from gpt.evaluation import evaluate_tokens
 
-    rt = runtime.setup(s.device, "auto", False)
+    rt = runtime.setup(s.device, "auto", False, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     tokenizer = loaded.tokenizer()
     if s.text_file:
         path = Path(s.text_file).expanduser()
         if not path.is_file():
             raise TinyGPTError(f"text_file {path} does not exist")
-        tokens, source = np.array(tokenizer.encode(path.read_text(encoding="utf-8")), dtype=np.int64), str(path)
+        tokens, source = np.array(tokenizer.encode(read_text(path, "text_file")), dtype=np.int64), str(path)
     else:
         tokens, source = _split_tokens(s, loaded)
     r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens)
@@ -53,7 +54,7 @@ def _split_tokens(s: EvalConfig, loaded):
     from gpt.config import DataSettings, from_dict
     from gpt.data import load_data
     from gpt.evaluation import split_tokens
-    from gpt.tokenizer import tokenizer_identity
+    from gpt.tokenizer import difference, tokenizer_identity
 
     data_settings = s.data
     if data_settings is None:
@@ -63,5 +64,8 @@ def _split_tokens(s: EvalConfig, loaded):
         data_settings = from_dict(DataSettings, trained_on, "data")
     data = load_data(data_settings, s.paths.data_root(), log=lambda *a: None)
     if tokenizer_identity(data.tokenizer.to_dict()) != tokenizer_identity(loaded.tokenizer_spec):
-        raise TinyGPTError(f"data {data.name} uses another tokenizer than the model; pick data prepared with the model's")
+        raise TinyGPTError(
+            f"data {data.name} uses another tokenizer than the model ({difference(loaded.tokenizer_spec, data.tokenizer.to_dict())}); "
+            f"pick data prepared with the model's"
+        )
     return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"

@@ -28,6 +28,8 @@ def export(s: ExportConfig) -> Path:
     from gpt import loading
     from gpt.pretrained import export_hf
 
+    if Path(s.out).expanduser().exists() and not Path(s.out).expanduser().is_dir():
+        raise TinyGPTError(f"out={s.out} is a file; name a folder for the Hugging Face files")
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     try:
         out = export_hf(loaded.model, loaded.tokenizer(), s.out)

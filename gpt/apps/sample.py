@@ -49,11 +49,23 @@ def read_prompts(s: SampleConfig, stdin: TextIO | None = None) -> list[str]:
         path = Path(s.prompt_file).expanduser()
         if not path.is_file():
             raise TinyGPTError(f"prompt_file {path} does not exist; check the path or pass prompt='text'")
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "prompt_file")
         return _jsonl_prompts(path, text) if path.suffix == ".jsonl" else [text]
     if s.prompt == "-":
         return [(stdin or sys.stdin).read()]
     return [s.prompt]
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file, or a one-line error saying where it is not."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TinyGPTError(
+            f"{what} {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except OSError as e:
+        raise TinyGPTError(f"cannot read {what} {path} ({e.strerror or e})") from None
 
 
 def _jsonl_prompts(path: Path, text: str) -> list[str]:
@@ -83,7 +95,9 @@ def sample(
 
     s.stop = tuple(unescape(stop) for stop in s.stop)  # typed in a shell: \n is a backslash and an n
     prompts = read_prompts(s, stdin)
-    rt = runtime.setup(s.device, s.dtype, s.compile)
+    if s.out_file:  # refused now, not after every sample was generated
+        _check_out_file(Path(s.out_file).expanduser())
+    rt = runtime.setup(s.device, s.dtype, s.compile, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))
     model, tokenizer = loaded.model.to(rt.device), loaded.tokenizer()
     if hasattr(tokenizer, "unknown_chars"):  # fail before any output, not mid-way
@@ -132,6 +146,17 @@ def _generate(model, tokenizer, prompts: list[str], s: SampleConfig, out: TextIO
 def _say(stream: TextIO | None, text: str, end: str = "\n") -> None:
     if stream is not None:
         print(text, end=end, file=stream, flush=True)
+
+
+def _check_out_file(path: Path) -> None:
+    if path.is_dir():
+        raise TinyGPTError(f"out_file={path} is a folder; name a file to append the samples to, e.g. {path / 'samples.jsonl'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise TinyGPTError(f"cannot write out_file={path} ({e.strerror or e}); pass a file you can write") from None
 
 
 def write_jsonl(path: Path, prompts: list[str], results: list[list[str]], s: SampleConfig, source: str) -> None:

@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     own = [a for a in overrides if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
     if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        common.guard(lambda: common.refuse_bare_words(argv, _COMMAND))
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
@@ -36,11 +37,24 @@ def main(argv: list[str] | None = None) -> None:
 def preflight(settings: RunConfig) -> None:
     """The checks that need no data (model shape, data source, runtime; the others ran when the
     settings were built)."""
-    from gpt import architectures, runtime
+    from gpt import architectures, checkpoint, loading, runtime
     from gpt.data import sources
 
     architectures.config_from_settings(settings.model, vocab_size=1)
     sources.check(settings.data.source)
+    resume = checkpoint.parse_resume(settings.resume)
+    if isinstance(resume, Path):  # a run to continue from: it must hold a checkpoint that loads
+        if not resume.exists():
+            raise TinyGPTError(f"resume={settings.resume!r} is neither auto, false, a checkpoint file nor a run directory")
+        source = checkpoint.latest(resume) if resume.is_dir() else resume
+        if source is None:
+            raise TinyGPTError(f"resume={settings.resume}: the directory holds no ckpt-*.pt checkpoint to resume from")
+        try:
+            checkpoint.load(source, mmap=True)
+        except TinyGPTError as e:
+            raise TinyGPTError(f"resume={settings.resume}: {e}") from None
+    if settings.init_from:
+        loading.check(settings.init_from)
     device, _ = runtime.pick_device(settings.device)
     runtime.pick_dtype(device, settings.dtype)
     runtime.pick_compile(device, settings.compile)

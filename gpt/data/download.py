@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
-from gpt.io import atomic_write
+from gpt.io import atomic_write, writable_dir
 
 _CHUNK = 1 << 20
 
@@ -29,6 +29,8 @@ def ensure_file(url: str, dest: Path, sha256: str, timeout: float = 30.0, log=pr
     or corrupted transfer never looks like a finished one.
     """
     dest = Path(dest)
+    if dest.is_dir():
+        raise TinyGPTError(f"{dest} is a folder where the downloaded file belongs; move it away")
     if dest.exists():
         actual = file_sha256(dest)
         if actual == sha256:
@@ -38,6 +40,7 @@ def ensure_file(url: str, dest: Path, sha256: str, timeout: float = 30.0, log=pr
             f"move it away (it is not the expected file) and tinygpt will download a fresh copy"
         )
 
+    writable_dir(dest.parent, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     log(f"downloading {url} -> {dest}")
     h = hashlib.sha256()
     try:

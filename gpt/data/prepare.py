@@ -160,7 +160,7 @@ def prepare(
     if first is None:
         raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
     documents = itertools.chain([first], documents)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     # Invalidate first: from here until the new meta lands, the folder reads as unprepared.
     (out_dir / "meta.json").unlink(missing_ok=True)
     for old in out_dir.glob("*.bin"):

@@ -288,6 +288,9 @@ class Trainer:
         )
         bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
         self.records.train(r.progress.step, loss_value, self.lr, dt * 1000, **extra)
+        notice = r.rt.threads.observe() if r.rt.threads is not None else None
+        if notice:
+            r.log(notice)
         self.records.summary.beat(step=r.progress.step, tokens_per_s=self.tokens_per_s)  # progress, and "still here"
 
     def _log_done(self) -> None:

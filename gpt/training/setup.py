@@ -26,7 +26,7 @@ from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.finetune import initial_model, prepare_finetune
 from gpt.optim import CosineSchedule, Optimizer, build_optimizer
-from gpt.tokenizer import tokenizer_identity
+from gpt.tokenizer import difference, tokenizer_identity
 from gpt.tracking import ensure_console_logging, logger
 
 
@@ -94,7 +94,9 @@ def build_run(cfg: RunConfig) -> Run:
         # evaluating than training: never evaluate on more batches than it trains on.
         log(f"notice: eval_iters {cfg.train.eval_iters} -> {cfg.train.max_iters} (no more eval batches than training steps)")
         cfg.train.eval_iters = cfg.train.max_iters
-    rt = runtime.setup(cfg.device, cfg.dtype, cfg.compile, dist.local_rank if dist.enabled else None)
+    rt = runtime.setup(
+        cfg.device, cfg.dtype, cfg.compile, dist.local_rank if dist.enabled else None, cfg.threads, dist.local_world_size
+    )
     distributed.init(dist, rt.device)
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(checkpoint.new_run_dir(cfg.paths.runs_dir)), dist))
@@ -195,8 +197,8 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
         return config
     if tokenizer_identity(resumed.tokenizer) != tokenizer_identity(data.tokenizer.to_dict()):
         raise TinyGPTError(
-            "the checkpoint's tokenizer differs from this data's; resume with the data the run was trained on "
-            f"(data={resumed.config.get('data', {}).get('name', '?')})"
+            f"the checkpoint's tokenizer differs from this data's ({difference(resumed.tokenizer, data.tokenizer.to_dict())}); "
+            f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"
         )
     saved = architectures.config_from_dict(resumed.model_config)
     old, new = architectures.config_to_dict(saved), architectures.config_to_dict(config)

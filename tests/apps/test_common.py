@@ -141,3 +141,66 @@ def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run,
     after = _snapshot(cwd / "outputs")
     # A run that failed on its data leaves a new run directory holding its log; no earlier file changes.
     assert {k: after.get(k) for k in before} == before
+
+
+BAD_INPUTS = {  # id: (command, arguments, what the one line must name); {run}, {text}, ... are filled in below
+    "split_by": ("train.py", ["hydra.run.dir={run}", "data.split_by=random"], "data.split_by"),
+    "shard_tokens": ("train.py", ["hydra.run.dir={run}", "data.shard_tokens=-1"], "data.shard_tokens"),
+    "refused_resume": ("train.py", ["hydra.run.dir={run}", "optim.lr=fast"], "optim.lr"),
+    "seed": ("train.py", ["seed=abc"], "seed"),
+    "device": ("train.py", ["device=0"], "device"),
+    "weight_decay": ("train.py", ["optim.weight_decay=-1"], "optim.weight_decay"),
+    "lora_dropout": ("train.py", ["finetune.lora_dropout=1.5"], "finetune.lora_dropout"),
+    "num_proc": ("train.py", ["data.num_proc=abc"], "data.num_proc"),
+    "max_docs": ("train.py", ["data.max_docs=abc"], "data.max_docs"),
+    "max_tokens": ("train.py", ["data.max_tokens=-5"], "data.max_tokens"),
+    "threads": ("train.py", ["threads=0"], "threads"),
+    "run_dir_is_a_file": ("train.py", ["hydra.run.dir={text}"], "hydra.run.dir"),
+    "resume_a_text_file": ("train.py", ["resume={text}"], "resume="),
+    "weights_that_do_not_fit": ("sample.py", ["ckpt={bad_ckpt}"], "bad.pt"),
+    "data_root_is_a_file": ("train.py", ["debug=tiny", "paths.data_dir={text}"], "paths.data_dir"),
+    "prompt_file_not_utf8": ("sample.py", ["prompt_file={latin1}"], "prompt_file"),
+    "text_file_not_utf8": ("eval", ["text_file={latin1}"], "text_file"),
+    "out_file_a_folder": ("sample.py", ["out_file={folder}", "max_new_tokens=5"], "out_file="),
+    "eval_batch_size": ("eval", ["batch_size=0"], "batch_size"),
+    "export_over_a_file": ("export", ["out={text}"], "out="),
+    "bare_word_train": ("train.py", ["debug=tiny", "fast"], "'fast' is not a setting"),
+    "bare_word_prepare": ("prepare", ["fast"], "'fast' is not a setting"),
+    "bare_word_eval": ("eval", ["fast"], "'fast' is not a setting"),
+    "local_without_path": ("train.py", ["data=local"], "data.source.path"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_inputs_get_one_line_and_touch_nothing(case, trained_run, data_root, tmp_path):
+    """Each mistake through the real command: exit status 2, no traceback, one line naming the
+    setting (or the file it points at), and every earlier file (the runs, the prepared data)
+    byte-identical afterwards."""
+    import torch
+
+    from gpt import checkpoint
+
+    cwd, run_dir, _ = trained_run
+    root, data_overrides = data_root
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me".encode("latin-1"))
+    (tmp_path / "folder").mkdir()
+    bad = checkpoint.load(run_dir / "checkpoints" / "best.pt")
+    bad.model["transformer.wte.weight"] = torch.zeros(3, 3)
+    checkpoint.save(tmp_path / "bad.pt", bad)
+    names = {
+        "run": run_dir,
+        "text": tmp_path / "notes.txt",
+        "latin1": tmp_path / "latin1.txt",
+        "folder": tmp_path / "folder",
+        "bad_ckpt": tmp_path / "bad.pt",
+    }
+    command, args, needle = BAD_INPUTS[case]
+    args = [a.format(**names) for a in args]
+    before = {"outputs": _snapshot(cwd / "outputs"), "data": _snapshot(root)}
+    proc = run_script(command, [*args, *(data_overrides if command == "train.py" else [])], cwd, root)
+    assert_one_line_error(proc, needle)
+    after = {"outputs": _snapshot(cwd / "outputs"), "data": _snapshot(root)}
+    for where in before:
+        assert {k: after[where].get(k) for k in before[where]} == before[where], where
+    assert not (run_dir / ".hydra-1").exists()

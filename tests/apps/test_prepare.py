@@ -10,8 +10,6 @@ from helpers import run_script
 
 @pytest.mark.slow
 def test_prepare_command_and_bpe_training(tmp_path, data_root, gpt2_ranks):
-    if gpt2_ranks is None:
-        pytest.skip("GPT-2's ranks file is not in ../shared")
     root, data_overrides = data_root
     data = tmp_path / "data"  # a data root of its own, sharing the downloaded corpus
     data.mkdir()

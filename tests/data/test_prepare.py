@@ -19,6 +19,7 @@ import pytest
 from gpt import io
 from gpt.data import prepare
 from gpt.data.prepare import read_meta
+from gpt.errors import TinyGPTError
 from helpers import REPO, TEXT, data_settings, load, write_corpus, write_ranks
 
 SHA = hashlib.sha256(TEXT.encode()).hexdigest()
@@ -208,3 +209,14 @@ def test_killed_preparation_reruns_to_the_identical_stream(tmp_path):
     for f in sorted((ref_root / "big").glob("*.bin")):
         assert (root / "big" / f.name).read_bytes() == f.read_bytes()
     assert not list((root / "big").glob("*.tmp-*"))
+
+
+def test_a_data_folder_that_cannot_be_written_is_refused_before_anything_is_deleted(tmp_path, monkeypatch):
+    """As root, file modes do not stop writes, so the permission answer is what is patched."""
+    src, out = _write_text(tmp_path), tmp_path / "prepared"
+    prep_char(src, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(io.os, "access", lambda path, mode: False)
+    with pytest.raises(TinyGPTError, match=r"cannot write into .*prepared \(permission denied\); .*TINYGPT_DATA_DIR"):
+        prep_char(src, out, val_fraction=0.2)  # other settings: would re-prepare
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

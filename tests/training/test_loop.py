@@ -30,6 +30,7 @@ ENGINE_RUN = [
     "train.log_interval=1",
     "optim.warmup_iters=5",
     "train.sample_tokens=0",
+    "threads=1",  # bitwise comparisons: the thread count must not follow other work mid-run
 ]
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
 
