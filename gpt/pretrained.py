@@ -20,6 +20,34 @@ from gpt.tokenizer import TiktokenTokenizer
 
 HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 _TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# transformers' names of the two GELUs tinygpt's GPT implements (gelu_new, gelu_pytorch_tanh and
+# gelu_fast are the same tanh approximation).
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
+
+# What loading does with every field of transformers' GPT2Config (a test keeps this complete
+# for the installed transformers), so that no folder loads into a model that computes something
+# else than transformers would:
+# - read into the model (the shape, the activation) or checked against it (the rest);
+_READ = (
+    *("model_type", "vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "activation_function"),
+    *("n_inner", "layer_norm_epsilon", "tie_word_embeddings"),
+)
+# - forward-pass variants tinygpt's GPT does not implement: any value but GPT-2's is refused;
+_GPT2_ONLY = {
+    "scale_attn_weights": (True, "attention scores without the 1/sqrt(head_dim) scale"),
+    "scale_attn_by_inverse_layer_idx": (False, "attention scores also divided by the layer index + 1"),
+    "add_cross_attention": (False, "cross-attention layers over an encoder's output"),
+}
+# - no effect on a GPT2LMHeadModel's logits in eval: dropout (training only; `dropout` replaces
+#   it), initialisation, other tasks' heads, generation and output options, bookkeeping, and
+#   reorder_and_upcast_attn (the same attention, computed in fp32: tinygpt loads into fp32).
+_NO_EFFECT = (
+    *("resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "reorder_and_upcast_attn"),
+    *("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout"),
+    *("id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder"),
+    *("use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "output_hidden_states", "output_attentions"),
+    *("return_dict", "dtype", "torch_dtype", "architectures", "transformers_version", "_name_or_path"),
+)
 
 
 def is_hf_source(source: str) -> bool:
@@ -73,16 +101,8 @@ def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     hf = json.loads((folder / "config.json").read_text())
     if hf.get("model_type") != "gpt2":
         raise TinyGPTError(f"{folder} holds a {hf.get('model_type')!r} model; only GPT-2 checkpoints can be loaded")
-    activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(
-        hf.get("activation_function", "gelu_new")
-    )
-    if activation is None:
-        raise TinyGPTError(f"activation {hf['activation_function']!r} of {folder} is not supported (gelu, gelu_new)")
-    if hf.get("n_inner") not in (None, 4 * hf["n_embd"]) or abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
-        raise TinyGPTError(
-            f"{folder}: n_inner={hf.get('n_inner')} / layer_norm_epsilon={hf.get('layer_norm_epsilon')} differ "
-            f"from GPT-2's (4 x n_embd, 1e-5), which tinygpt's GPT implements"
-        )
+    _refuse_variants(folder, hf)
+    activation = _ACTIVATIONS[hf.get("activation_function", "gelu_new")]
     config = GPTConfig(
         vocab_size=hf["vocab_size"],
         block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
@@ -102,7 +122,10 @@ def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
         state[key] = value.t() if key.endswith(_TRANSPOSED) else value
     head = state.setdefault("lm_head.weight", state["transformer.wte.weight"])  # tied
     if not torch.equal(head, state["transformer.wte.weight"]):
-        raise TinyGPTError(f"{folder} has an LM head separate from its token embedding; tinygpt's GPT ties the two")
+        raise TinyGPTError(
+            f"{folder}: tie_word_embeddings={hf.get('tie_word_embeddings')!r} with an LM head that differs from the "
+            "token embedding has no equivalent in tinygpt's GPT, which ties the two"
+        )
     model = GPT(config)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -111,6 +134,25 @@ def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     if missing or unexpected:
         raise TinyGPTError(f"{folder} does not match a GPT-2 of its config: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model, _tokenizer_for(folder, config.vocab_size)
+
+
+def _refuse_variants(folder: Path, hf: dict) -> None:
+    """One line naming the first config field whose value tinygpt's GPT does not compute."""
+
+    def refuse(field: str, what: str) -> None:
+        raise TinyGPTError(
+            f"{folder}: config.json has {field}={hf[field]!r} ({what}); tinygpt's GPT has no equivalent, so it cannot load this model"
+        )
+
+    if hf.get("activation_function", "gelu_new") not in _ACTIVATIONS:
+        refuse("activation_function", f"tinygpt implements {', '.join(_ACTIVATIONS)}")
+    if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
+        refuse("n_inner", f"an MLP width other than GPT-2's 4 x n_embd = {4 * hf['n_embd']}")
+    if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+        refuse("layer_norm_epsilon", "a LayerNorm epsilon other than GPT-2's 1e-5")
+    for field, (gpt2_value, what) in _GPT2_ONLY.items():
+        if hf.get(field, gpt2_value) != gpt2_value:
+            refuse(field, what)
 
 
 def _tokenizer_for(folder: Path, vocab_size: int) -> dict | None:

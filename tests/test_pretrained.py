@@ -3,19 +3,25 @@ transformers' own GPT2LMHeadModel. Run: pytest tests/test_pretrained.py"""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
+from gpt import pretrained  # noqa: E402
 from gpt.errors import TinyGPTError  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.pretrained import export_hf, load_hf_gpt2  # noqa: E402
 from gpt.tokenizer import CharTokenizer, TiktokenTokenizer  # noqa: E402
 
 
-def _random_hf(vocab=64, activation="gelu_new") -> GPT2LMHeadModel:
+def _random_hf(vocab=64, **config) -> GPT2LMHeadModel:
+    """A small GPT-2 with weights far from the default 0.02 init (weights and biases ~0.3, LayerNorm
+    gains ~1 +- 0.3), so a wrong activation, a missing transpose or a lost scale moves the logits by
+    far more than the comparisons' tolerance (at 0.02 a wrong GELU moved them by 1.5e-8)."""
     torch.manual_seed(0)
     cfg = GPT2Config(
         vocab_size=vocab,
@@ -23,16 +29,27 @@ def _random_hf(vocab=64, activation="gelu_new") -> GPT2LMHeadModel:
         n_embd=32,
         n_layer=2,
         n_head=4,
-        activation_function=activation,
+        initializer_range=0.3,
         bos_token_id=0,
         eos_token_id=0,
+        **{"activation_function": "gelu_new", **config},
     )
     model = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # non-trivial biases and norms, so a transposition mistake shows
+    with torch.no_grad():
         for name, p in model.named_parameters():
-            if "bias" in name or "ln_" in name:
-                p.normal_(0, 0.1)
+            if "ln_" in name and name.endswith("weight"):
+                p.normal_(1.0, 0.3)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.3)
     return model
+
+
+def _logits_diff(ours, hf, idx) -> float:
+    with torch.no_grad():
+        return (ours.eval()(idx)[0] - hf(idx).logits).abs().max().item()
+
+
+TOL = 1e-5  # the right loader is within 1.4e-6 on these logits (magnitude ~10)
 
 
 @pytest.mark.parametrize("safetensors", [True, False])
@@ -42,25 +59,29 @@ def test_hf_gpt2_loads_with_identical_logits(tmp_path, safetensors):
     ours, tokenizer = load_hf_gpt2(str(tmp_path))
     assert tokenizer is None  # a 64-token vocabulary is not GPT-2's
     assert ours.config.activation == "gelu_tanh" and ours.config.n_head == 4
-    idx = torch.randint(0, 64, (3, 16))
-    with torch.no_grad():
-        diff = (ours.eval()(idx)[0] - hf(idx).logits).abs().max().item()
-    assert diff <= 1e-5
+    assert _logits_diff(ours, hf, torch.randint(0, 64, (3, 16))) <= TOL
 
 
-@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
-def test_export_loads_in_transformers_with_identical_logits(tmp_path, activation):
+def _random_ours(activation="gelu_tanh") -> GPT:
+    """Our GPT with the same far-from-init weights as `_random_hf`."""
     torch.manual_seed(0)
     ours = GPT(GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32, activation=activation)).eval()
     with torch.no_grad():
         for name, p in ours.named_parameters():
-            if "bias" in name:
-                p.normal_(0, 0.1)
+            if "ln_" in name and name.endswith("weight"):
+                p.normal_(1.0, 0.3)
+            else:
+                p.normal_(0.0, 0.3)
+    return ours
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_export_loads_in_transformers_with_identical_logits(tmp_path, activation):
+    ours = _random_ours(activation)
     export_hf(ours, CharTokenizer([chr(32 + i) for i in range(65)]), tmp_path)
-    hf = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path).eval()  # transformers' own forward pass, not a round trip
     idx = torch.randint(0, 65, (3, 16))
-    with torch.no_grad():
-        assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+    assert _logits_diff(ours, hf, idx) <= TOL
     back, tokenizer = load_hf_gpt2(str(tmp_path))  # our own export comes back with its tokenizer
     assert tokenizer["kind"] == "char" and torch.equal(back(idx)[0], ours(idx)[0])
 
@@ -104,6 +125,115 @@ def test_hub_layout_with_unprefixed_keys_and_mask_buffers(tmp_path):
     torch.save(state, tmp_path / "pytorch_model.bin")
     hf.config.to_json_file(tmp_path / "config.json")
     ours, _ = load_hf_gpt2(str(tmp_path))
+    assert _logits_diff(ours, hf, torch.randint(0, 64, (2, 16))) <= TOL
+
+
+def test_every_gpt2_config_field_is_read_refused_or_without_effect():
+    """A field transformers honours that loading ignored would load a model that computes
+    something else; a new transformers version that adds one fails here."""
+    known = {*pretrained._READ, *pretrained._GPT2_ONLY, *pretrained._NO_EFFECT}
+    assert set(GPT2Config().to_dict()) - known == set()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("scale_attn_weights", False),
+        ("scale_attn_by_inverse_layer_idx", True),
+        ("add_cross_attention", True),
+        ("activation_function", "relu"),
+        ("n_inner", 48),
+        ("layer_norm_epsilon", 1e-3),
+        ("tie_word_embeddings", False),
+    ],
+)
+def test_variants_tinygpt_does_not_compute_are_refused_by_name(tmp_path, field, value):
+    hf = _random_hf(**{field: value})
     idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():  # the variant does compute something else in transformers
+        assert (hf(idx).logits - _random_hf()(idx).logits).abs().max().item() > 100 * TOL
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(TinyGPTError, match=f"{field}={value!r}") as e:
+        load_hf_gpt2(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"activation_function": "gelu"},
+        {"activation_function": "gelu_pytorch_tanh"},
+        {"activation_function": "gelu_fast"},
+        {"n_inner": 128},
+        {"reorder_and_upcast_attn": True},
+        {"resid_pdrop": 0.5, "embd_pdrop": 0.5, "attn_pdrop": 0.5},
+    ],
+)
+def test_accepted_variants_load_with_identical_logits(tmp_path, config):
+    hf = _random_hf(**config)
+    hf.save_pretrained(tmp_path)
+    ours, _ = load_hf_gpt2(str(tmp_path))
+    assert _logits_diff(ours, hf, torch.randint(0, 64, (3, 16))) <= TOL
+
+
+def _swap_layer_norms(model):
+    for block in model.transformer.h:
+        block.ln_1, block.ln_2 = block.ln_2, block.ln_1
+
+
+def _swap_queries_and_keys(model):
     with torch.no_grad():
-        assert (ours.eval()(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+        w = model.transformer.h[0].attn.c_attn.weight
+        q, k = w[:32].clone(), w[32:64].clone()
+        w[:32], w[32:64] = k, q
+
+
+def _shift_positions(model):
+    with torch.no_grad():
+        model.transformer.wpe.weight.copy_(model.transformer.wpe.weight.roll(1, dims=0))
+
+
+MUTATIONS = {
+    "exact GELU for GPT-2's tanh GELU": lambda mp, m: mp.setitem(pretrained._ACTIVATIONS, "gelu_new", "gelu"),
+    "square attn.c_proj not transposed": lambda mp, m: mp.setattr(
+        pretrained, "_TRANSPOSED", tuple(t for t in pretrained._TRANSPOSED if t != "attn.c_proj.weight")
+    ),
+    "no 1/sqrt(d) attention scale": lambda mp, m: mp.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", functools.partial(SDPA, scale=1.0)
+    ),
+    "ln_1 and ln_2 swapped": lambda mp, m: m.append(_swap_layer_norms),
+    "queries and keys swapped": lambda mp, m: m.append(_swap_queries_and_keys),
+    "positions off by one": lambda mp, m: m.append(_shift_positions),
+}
+SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_the_logit_comparison_catches_planted_loader_bugs(tmp_path, monkeypatch, mutation):
+    """The comparison above is only worth its tolerance if each plausible mistake breaks it."""
+    hf = _random_hf()
+    hf.save_pretrained(tmp_path)
+    idx = torch.randint(0, 64, (3, 16))
+    with torch.no_grad():
+        expected = hf(idx).logits  # before any patch: transformers must stay right
+    after_load = []
+    MUTATIONS[mutation](monkeypatch, after_load)
+    ours, _ = load_hf_gpt2(str(tmp_path))
+    for mutate in after_load:
+        mutate(ours)
+    with torch.no_grad():
+        diff = (ours.eval()(idx)[0] - expected).abs().max().item()
+    assert diff > 10 * TOL, f"{mutation} moved logits by {diff:.2e} only"
+
+
+def test_the_export_comparison_catches_a_symmetric_transpose_bug(tmp_path, monkeypatch):
+    """Exporting and importing with the same wrong list of transposed matrices round-trips
+    exactly; only transformers' forward pass shows it."""
+    monkeypatch.setattr(pretrained, "_TRANSPOSED", tuple(t for t in pretrained._TRANSPOSED if t != "attn.c_proj.weight"))
+    ours = _random_ours()
+    export_hf(ours, CharTokenizer([chr(32 + i) for i in range(65)]), tmp_path)
+    idx = torch.randint(0, 65, (3, 16))
+    back, _ = load_hf_gpt2(str(tmp_path))
+    with torch.no_grad():
+        assert torch.equal(back(idx)[0], ours(idx)[0])  # the round trip cannot see it
+    assert _logits_diff(ours, GPT2LMHeadModel.from_pretrained(tmp_path), idx) > 10 * TOL
