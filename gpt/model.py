@@ -106,20 +106,23 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
     """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim)): each channel
-    pair is a clock of its own frequency, so relative offsets are linear functions of the table."""
-    pos = torch.arange(n_pos, dtype=torch.float32)[:, None]
-    freq = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    table = torch.zeros(n_pos, dim)
+    pair is a clock of its own frequency, so relative offsets are linear functions of the table.
+    Computed in float64, then rounded: in float32 the angle p * freq loses digits as p grows
+    (an error of 6.7e-5 at position 1023 of a 768-wide table)."""
+    pos = torch.arange(n_pos, dtype=torch.float64)[:, None]
+    freq = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(n_pos, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
-    return table
+    return table.float()
 
 
 def rope_tables(n_pos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of angle p * theta^(-2i/head_dim), each (n_pos, head_dim / 2)."""
-    freq = torch.pow(theta, -torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.arange(n_pos, dtype=torch.float32)[:, None] * freq
-    return angles.cos(), angles.sin()
+    """cos and sin of angle p * theta^(-2i/head_dim), each (n_pos, head_dim / 2); in float64,
+    then rounded, as for the sinusoidal table."""
+    freq = torch.pow(theta, -torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * freq
+    return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

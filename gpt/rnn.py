@@ -87,7 +87,8 @@ def lstm_step(x, state, w_ih, w_hh, b_ih, b_hh):
 
 
 def gru_step(x, h, w_ih, w_hh, b_ih, b_hh):
-    """PyTorch order: reset, update, new.
+    """PyTorch's GRU (gates in its order: reset, update, new). Cho et al. (2014) apply the reset
+    gate to h before U_n; PyTorch and cuDNN after, as here (see docs/math_to_code.md).
     r = sigmoid(W_r x + U_r h + b_r)             how much of the past feeds the candidate
     z = sigmoid(W_z x + U_z h + b_z)             how much of the past to keep as is
     n = tanh(W_n x + b_n + r * (U_n h + b'_n))   the candidate state

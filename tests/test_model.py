@@ -184,13 +184,25 @@ def test_attention_maps_are_causal_distributions():
     assert all(not b.attn.capture and b.attn.last_weights is None for b in model.transformer.h)
 
 
-def test_sinusoidal_table_is_the_closed_form():
-    table = sinusoidal_table(50, 16)
-    for pos in (0, 1, 7, 49):
-        for i in range(8):
-            angle = pos / 10000 ** (2 * i / 16)
-            assert math.isclose(table[pos, 2 * i].item(), math.sin(angle), abs_tol=1e-6)
-            assert math.isclose(table[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=1e-6)
+@pytest.mark.parametrize("n_pos, dim", [(50, 16), (4096, 1024), (1024, 767)])
+def test_sinusoidal_table_is_the_closed_form_to_float32_rounding(n_pos, dim):
+    """Long positions and wide tables too: an angle computed in float32 is off by up to ~1e-4."""
+    table = sinusoidal_table(n_pos, dim)
+    for pos in (0, 1, 7, n_pos // 2 + 3, n_pos - 1):
+        for i in (0, 1, dim // 4, (dim - 1) // 2):
+            angle = pos / 10000 ** (2 * i / dim)
+            assert math.isclose(table[pos, 2 * i].item(), math.sin(angle), abs_tol=6e-8)
+            if 2 * i + 1 < dim:
+                assert math.isclose(table[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=6e-8)
+
+
+def test_rope_tables_are_the_closed_form_to_float32_rounding():
+    cos, sin = rope_tables(4096, 128, 10000.0)
+    for pos in (0, 5, 2049, 4095):
+        for i in (0, 1, 31, 63):
+            angle = pos * 10000.0 ** (-2 * i / 128)
+            assert math.isclose(cos[pos, i].item(), math.cos(angle), abs_tol=6e-8)
+            assert math.isclose(sin[pos, i].item(), math.sin(angle), abs_tol=6e-8)
 
 
 def test_rope_scores_depend_only_on_relative_offset():
