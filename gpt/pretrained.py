@@ -170,8 +170,9 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
     from safetensors.torch import save
 
     c = model.config
-    if not isinstance(c, GPTConfig) or c.pos_encoding != "learned" or c.kv_heads != c.n_head or not c.bias:
-        raise TinyGPTError("only GPTs with learned positions, full attention heads and biases map onto GPT-2's format")
+    missing = _not_in_gpt2(c)
+    if missing:
+        raise TinyGPTError(f"this model cannot be exported to GPT-2's format: {missing}")
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -210,6 +211,19 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in ("gpt2", "r50k_base", "p50k_base"):
         write_gpt2_tokenizer_files(tokenizer, out)
     return out
+
+
+def _not_in_gpt2(c) -> str | None:
+    """What of this model's config GPT-2's format has no place for, in words; None if nothing."""
+    if not isinstance(c, GPTConfig):
+        return f"it is a recurrent model ({getattr(c, 'arch', type(c).__name__)}), and GPT-2 is a transformer"
+    if c.pos_encoding != "learned":
+        return f"model.pos_encoding={c.pos_encoding} (GPT-2 adds a learned position table; pos_encoding=learned)"
+    if c.kv_heads != c.n_head:
+        return f"model.n_kv_head={c.n_kv_head} (grouped-query attention; GPT-2 has as many key/value heads as query heads)"
+    if not c.bias:
+        return "model.bias=false (GPT-2's linear layers and LayerNorms have biases)"
+    return None
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -4,6 +4,7 @@ transformers' own GPT2LMHeadModel. Run: pytest tests/test_pretrained.py"""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -97,10 +98,28 @@ def test_gpt2_tokenizer_files_match_tiktoken(tmp_path, gpt2_ranks):
     assert hf_tok.eos_token_id == 50256
 
 
-def test_export_refuses_what_gpt2_cannot_hold(tmp_path):
-    rope = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, pos_encoding="rope"))
-    with pytest.raises(TinyGPTError, match="learned positions"):
-        export_hf(rope, CharTokenizer(list("abcdefghijklmnop")), tmp_path)
+@pytest.mark.parametrize(
+    "config, cause",
+    [
+        ({"pos_encoding": "rope"}, "model.pos_encoding=rope"),
+        ({"pos_encoding": "sinusoidal"}, "model.pos_encoding=sinusoidal"),
+        ({"pos_encoding": "none"}, "model.pos_encoding=none"),
+        ({"n_kv_head": 1}, "model.n_kv_head=1 (grouped-query attention"),
+        ({"bias": False}, "model.bias=false"),
+        ({"arch": "lstm"}, "recurrent model (lstm)"),
+        ({"arch": "gru"}, "recurrent model (gru)"),
+    ],
+)
+def test_export_refusals_name_their_cause(tmp_path, config, cause):
+    from gpt import architectures
+
+    settings = {"arch": "gpt", "vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 8, **config}
+    if settings["arch"] != "gpt":
+        settings = {"arch": config["arch"], "vocab_size": 16, "block_size": 8, "n_layer": 1, "n_embd": 8, "n_hidden": 8}
+    model = architectures.build(architectures.config_from_dict(settings))
+    with pytest.raises(TinyGPTError, match=re.escape(cause)):
+        export_hf(model, CharTokenizer(list("abcdefghijklmnop")), tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before writing
 
 
 def test_offline_gpt2_download_is_a_clear_error(monkeypatch, tmp_path):
