@@ -263,3 +263,17 @@ def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
             merges.append(f"{show(parts[0])} {show(parts[1])}")
     io.write_bytes(out / "vocab.json", json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
     io.write_bytes(out / "merges.txt", ("#version: 0.2\n" + "\n".join(merges) + "\n").encode("utf-8"))
+    # tinygpt encodes text as ordinary text: "<|endoftext|>" spelt out in a corpus or a prompt is
+    # seven tokens, never the end-of-text id (text cannot inject document boundaries). transformers
+    # would read the literal as id 50256 unless told to split special tokens like any text.
+    io.write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "GPT2Tokenizer",
+            "split_special_tokens": True,
+            "eos_token": "<|endoftext|>",
+            "bos_token": "<|endoftext|>",
+            "unk_token": "<|endoftext|>",
+        },
+        indent=2,
+    )

@@ -88,14 +88,20 @@ def test_export_loads_in_transformers_with_identical_logits(tmp_path, activation
 
 
 def test_gpt2_tokenizer_files_match_tiktoken(tmp_path, gpt2_ranks):
-    from transformers import GPT2Tokenizer
+    """Same ids both ways, "<|endoftext|>" spelt out in the text included: ordinary text for
+    tinygpt and, through the exported tokenizer_config.json, for transformers too."""
+    from transformers import AutoTokenizer, GPT2Tokenizer
 
     tok = TiktokenTokenizer("gpt2")
     export_hf(GPT(GPTConfig(vocab_size=50257, block_size=8, n_layer=1, n_head=1, n_embd=8)), tok, tmp_path)
-    hf_tok = GPT2Tokenizer.from_pretrained(tmp_path)
-    text = "Hello world! To be, or not to be: that is the question.\n  Ünïcödé 日本語 🦜 1234"
-    assert hf_tok.encode(text) == tok.encode(text)
-    assert hf_tok.eos_token_id == 50256
+    text = "Hello world! To be, or not to be: that is the question.\n  Ünïcödé 日本語 🦜 1234 <|endoftext|>The end"
+    ours = tok.encode(text)
+    assert tok.eot_id not in ours and len(tok.encode("<|endoftext|>")) == 7
+    for hf_tok in (GPT2Tokenizer.from_pretrained(tmp_path), AutoTokenizer.from_pretrained(tmp_path)):
+        assert hf_tok.encode(text) == ours
+        assert hf_tok.decode(ours) == text and tok.decode(hf_tok.encode(text)) == text
+        assert hf_tok.eos_token_id == tok.eot_id == 50256  # generation still stops on the id
+        assert hf_tok.decode([50256]) == tok.decode([50256]) == "<|endoftext|>"
 
 
 @pytest.mark.parametrize(
