@@ -97,9 +97,11 @@ class Decoder:
     def _next_logits(self) -> torch.Tensor:
         if getattr(self.model, "recurrent", False):
             return self._next_logits_recurrent()
+        if not self.cfg.kv_cache:
+            return self._plain_logits()
         width = self.tokens.size(1)
         cache = self.cache
-        if self.cfg.kv_cache and cache is not None and width - self.offset <= cache.max_len:
+        if cache is not None and width - self.offset <= cache.max_len:
             # Only the columns the cache has not seen yet (after the first step: one).
             logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache, last_only=True)
         else:
@@ -109,10 +111,22 @@ class Decoder:
             window = self.tokens[:, self.offset :]
             pad = (self.pad - self.offset).clamp(min=0)
             # The longest row fills the context at block_size + its padding columns.
-            room = self.block_size + int(pad.min()) if self.cfg.kv_cache else window.size(1)
-            self.cache = KVCache(self.model.config.n_layer, room, pad)
+            self.cache = KVCache(self.model.config.n_layer, self.block_size + int(pad.min()), pad)
             logits, _ = self.model(window, cache=self.cache, last_only=True)
         return logits[:, -1, :].float()
+
+    def _plain_logits(self) -> torch.Tensor:
+        """kv_cache=false: the model's plain forward pass over each row's own last block_size
+        tokens, with no cache, no padding and no mask (rows of one length go together). It shares
+        no code with the cached path, so comparing the two can catch a bug in either."""
+        out: list[torch.Tensor | None] = [None] * self.tokens.size(0)
+        for pad in self.pad.unique().tolist():
+            rows = (self.pad == pad).nonzero().flatten()
+            window = self.tokens[rows, pad:][:, -self.block_size :]
+            logits, _ = self.model(window, last_only=True)
+            for i, row in enumerate(rows.tolist()):
+                out[row] = logits[i, -1, :]
+        return torch.stack(out).float()
 
     def _next_logits_recurrent(self) -> torch.Tensor:
         """Recurrent models carry a fixed-size state instead of a cache and have no context
