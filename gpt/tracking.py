@@ -182,7 +182,9 @@ class NullTracker:
 
     def hparams(self, cfg: dict, metric_tags: list[str]) -> None: ...
 
-    def histograms(self, step: int, model) -> None: ...
+    def weight_histograms(self, step: int, model) -> None: ...
+
+    def grad_histograms(self, step: int, model) -> None: ...
 
     def attention_images(self, step: int, maps: list) -> None: ...
 
@@ -234,18 +236,24 @@ class TensorBoardTracker(NullTracker):
         value = Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))
         self.writer.file_writer.add_summary(Summary(value=[value]))
 
-    def histograms(self, step: int, model) -> None:
+    def weight_histograms(self, step: int, model) -> None:
         for name, p in model.named_parameters():
             self.writer.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
+
+    def grad_histograms(self, step: int, model) -> None:
+        for name, p in model.named_parameters():
             if p.grad is not None:
                 self.writer.add_histogram(f"grads/{name}", p.grad.detach().float().cpu(), step)
 
     def attention_images(self, step: int, maps: list) -> None:
-        """One grey-scale image per layer: the heads' T x T attention maps side by side."""
+        """One grey-scale image per layer: the heads' T x T attention maps side by side, each
+        query's row scaled to its own maximum. Scaled by the global maximum, row 0 (which can
+        only attend to itself: weight 1) would be the one bright row and the rest near black."""
         for layer, weights in enumerate(maps):
             heads = weights[0].float().cpu()  # (H, T, T) of the first sequence
+            heads = heads / heads.amax(dim=-1, keepdim=True).clamp(min=1e-8)
             image = heads.permute(1, 0, 2).reshape(heads.size(1), -1)  # (T, H*T)
-            self.writer.add_image(f"attention/layer_{layer}", image / image.max().clamp(min=1e-8), step, dataformats="HW")
+            self.writer.add_image(f"attention/layer_{layer}", image, step, dataformats="HW")
 
     def close(self) -> None:
         self.writer.close()

@@ -65,7 +65,6 @@ class Trainer:
         self.lr, self.tokens_per_s = 0.0, 0.0
         self.last_eval: dict[str, float] = {}
         self.evals_done = 0
-        self.histograms_due = False
         self.records = RunRecords()  # fit() opens the real ones on rank 0
 
     # --- the public steps ------------------------------------------------------------------------
@@ -76,9 +75,8 @@ class Trainer:
         r, ts = self.run, self.ts
         self.lr = r.schedule.set_lr(r.optimizer, r.progress.step)
         loss, norm = train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip)
-        if self.histograms_due:  # gradients exist only until the update below
-            self.records.tb.histograms(r.progress.step, r.model)
-            self.histograms_due = False
+        if self._histograms_at(r.progress.step + 1):  # gradients exist only until the update below
+            self.records.tb.grad_histograms(r.progress.step + 1, r.model)
         self._apply_or_skip(loss, norm)
         r.progress.step += 1
         return loss, norm
@@ -242,6 +240,14 @@ class Trainer:
                 self._log_step(loss, norm, (time.time() - t_interval) / steps_in_interval, bar)
                 t_interval, steps_in_interval = time.time(), 0
 
+    def _histograms_at(self, step: int) -> bool:
+        """Whether the eval at `step` (if one comes there) writes histograms: then the gradients
+        of the step that ends there are written under it, beside that eval's weights, so the last
+        eval of a run has both too."""
+        ts = self.ts
+        is_eval = step % ts.eval_interval == 0 or step == ts.max_iters
+        return bool(ts.histogram_every) and is_eval and (self.evals_done + 1) % ts.histogram_every == 0
+
     def _stop(self, stop: StopRequest) -> None:
         r = self.run
         path = self.save()
@@ -261,7 +267,8 @@ class Trainer:
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
                 x, _ = RandomWindows(r.data.val, r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
                 self.records.tb.attention_images(step, r.model.attention_maps(x))
-        self.histograms_due = bool(ts.histogram_every) and self.evals_done % ts.histogram_every == 0
+        if ts.histogram_every and self.evals_done % ts.histogram_every == 0:
+            self.records.tb.weight_histograms(step, r.model)
         seen = step * r.tokens_per_step
         self.records.summary.update(
             step=step,

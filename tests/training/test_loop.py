@@ -5,11 +5,14 @@ Run: pytest tests/training/test_loop.py"""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import logging
 import os
 import signal
 
+import numpy as np
+import PIL.Image
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -200,8 +203,16 @@ def test_event_file_holds_scalars_text_hparams_histograms_and_attention(tmp_path
     } <= set(tags["scalars"])
     assert {"config/text_summary", "samples/text_summary", "sample/text_summary"} <= set(tags["tensors"])
     assert [e.step for e in acc.Tensors("samples/text_summary")] == [0, 5, 10]
-    assert any(t.startswith("weights/") for t in tags["histograms"]) and any(t.startswith("grads/") for t in tags["histograms"])
+    # Every eval's weights, and the gradients of the step that ends at it: the last eval's too.
+    assert [e.step for e in acc.Histograms("weights/transformer.wte.weight")] == [0, 5, 10]
+    assert [e.step for e in acc.Histograms("grads/transformer.wte.weight")] == [5, 10]
     assert {"attention/layer_0"} <= set(tags["images"])
+    # Attention maps: each query row scaled to its own maximum, so every row has a white pixel.
+    image = acc.Images("attention/layer_0")[-1]
+    pixels = np.asarray(PIL.Image.open(io.BytesIO(image.encoded_image_string)).convert("L"), dtype=np.float32)
+    T, heads = pixels.shape[0], pixels.shape[1] // pixels.shape[0]
+    for h in range(heads):
+        assert (pixels[:, h * T : (h + 1) * T].max(axis=1) == 255).all()
     # The hparams live in this run's own event file, with the scores the HParams tab sorts by.
     plugin = acc.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_start_info"]).session_start_info
