@@ -155,8 +155,10 @@ def prepare(
         raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     # Open the source before anything is deleted: a wrong text field or an unreachable dataset
     # must leave earlier prepared data as it was.
-    documents = iter(documents)
+    source, documents = documents, iter(documents)
     first = next(documents, None)
+    # Known once iteration began, where the source can tell (a list always can).
+    total = len(source) if isinstance(source, (list, tuple)) else getattr(source, "total", None)
     if first is None:
         raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
     documents = itertools.chain([first], documents)
@@ -169,6 +171,7 @@ def prepare(
 
     if settings.get("max_docs"):
         documents = itertools.islice(documents, int(settings["max_docs"]))
+        total = min(total, int(settings["max_docs"])) if total is not None else None
     if fit_chars:
         documents = list(documents)  # the alphabet is fitted on the whole corpus first
         tok = CharTokenizer.fit("".join(documents))
@@ -178,7 +181,7 @@ def prepare(
     stream_path = out_dir / f"stream.tmp-{os.getpid()}"
     try:
         doc_lengths, seconds = _tokenize_to_stream(
-            documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), log, progress
+            documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), progress, total
         )
         if not doc_lengths:
             raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
@@ -228,18 +231,23 @@ def _remove_dead_temporaries(out_dir: Path) -> None:
             pass  # alive, owned by someone else
 
 
-def _tokenize_to_stream(documents, tok, num_proc, dtype, path: Path, max_tokens, log, progress) -> tuple[list[int], float]:
+def _tokenize_to_stream(documents, tok, num_proc, dtype, path: Path, max_tokens, progress, total) -> tuple[list[int], float]:
+    """Token ids of every document, one after another, into `path`; returns the documents'
+    lengths and the seconds it took. A progress bar on a terminal (with an ETA when the number
+    of documents, `total`, is known)."""
     from tqdm import tqdm
 
     lengths: list[int] = []
-    total = 0
+    tokens = 0
     limit = int(max_tokens) if max_tokens else None
     t0 = time.time()
-    bar = tqdm(desc="tokenizing", unit=" docs", disable=None if progress is None else not progress, dynamic_ncols=True)
+    bar = tqdm(
+        desc="tokenizing", unit=" docs", total=total, disable=None if progress is None else not progress, dynamic_ncols=True
+    )
     with open(path, "wb") as out:
         for flat, doc_lengths in encode_documents(documents, tok, num_proc):
-            if limit is not None and total + len(flat) > limit:  # the cap cuts the last document short
-                keep = limit - total
+            if limit is not None and tokens + len(flat) > limit:  # the cap cuts the last document short
+                keep = limit - tokens
                 ends = np.cumsum(doc_lengths)
                 n_docs = int(np.searchsorted(ends, keep, side="left")) + 1
                 doc_lengths = doc_lengths[:n_docs].copy()
@@ -247,11 +255,14 @@ def _tokenize_to_stream(documents, tok, num_proc, dtype, path: Path, max_tokens,
                 flat = flat[:keep]
             out.write(flat.astype(dtype, copy=False).tobytes())
             lengths.extend(int(n) for n in doc_lengths if n)
-            total += len(flat)
+            tokens += len(flat)
             bar.update(len(doc_lengths))
-            bar.set_postfix(tokens=f"{total:,}", tok_s=f"{total / max(time.time() - t0, 1e-9):,.0f}", refresh=False)
-            if limit is not None and total >= limit:
+            bar.set_postfix(tokens=f"{tokens:,}", tok_s=f"{tokens / max(time.time() - t0, 1e-9):,.0f}", refresh=False)
+            if limit is not None and tokens >= limit:
                 break
+    if bar.total is not None and bar.n != bar.total:  # blank documents skipped, or the token cap
+        bar.total = bar.n
+        bar.refresh()
     bar.close()
     return lengths, time.time() - t0
 

@@ -3,14 +3,17 @@ files. Every source yields plain strings (documents) and an identity string that
 its content may have changed, for the preparation's fingerprint.
 
 Local .txt/.md/.jsonl/.parquet files are read through the `datasets` library's own builders
-(text, json, parquet), so local corpora and Hub datasets take exactly the same path.
+(text, json, parquet), so local corpora and Hub datasets take exactly the same path; streamed,
+so no Arrow copy of them lands in a cache (the builders' lock files go under the data root).
+Hub datasets use the Hugging Face cache, as everywhere else.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +24,23 @@ from gpt.errors import TinyGPTError
 LOCAL_SUFFIXES = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+class Documents:
+    """A source's documents, opened when iteration starts. `total` is their number once known,
+    where the source can tell without reading them (a progress bar's total and ETA); None
+    otherwise. Blank documents are skipped, so it is an upper bound."""
+
+    def __init__(self, open_documents: Callable[[], tuple[Iterable[str], int | None]]):
+        self._open = open_documents
+        self.total: int | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        documents, self.total = self._open()
+        yield from documents
+
+
 @dataclass
 class Source:
-    documents: Iterable[str]  # lazy: nothing is downloaded or read until it is iterated
+    documents: Documents  # lazy: nothing is downloaded or read until it is iterated
     identity: str  # changes whenever the documents may have; cheap to compute
 
 
@@ -44,11 +61,13 @@ def check(src: SourceSettings) -> None:
 
 
 def _url(src: SourceSettings, data_root: Path, log) -> Source:
-    return Source(_url_documents(src, data_root, log), f"url sha256={src.sha256}")
+    return Source(Documents(lambda: (_url_documents(src, data_root, log), 1)), f"url sha256={src.sha256}")
 
 
 def _hub_source(src: SourceSettings, data_root: Path, log) -> Source:
-    return Source(_hub(src), f"hub {src.path} {src.config} {src.split} rev={src.revision} field={src.text_field}")
+    return Source(
+        Documents(lambda: _hub(src)), f"hub {src.path} {src.config} {src.split} rev={src.revision} field={src.text_field}"
+    )
 
 
 def _disk_source(src: SourceSettings, data_root: Path, log) -> Source:
@@ -56,13 +75,14 @@ def _disk_source(src: SourceSettings, data_root: Path, log) -> Source:
     if not path.exists():
         raise TinyGPTError(f"data.source.path={path} does not exist; point it at a folder written by datasets' save_to_disk")
     stamp = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(path.rglob("*")) if p.is_file())
-    return Source(_disk(src), f"disk {path} {src.split} {src.text_field} {stamp}")
+    return Source(Documents(lambda: _disk(src)), f"disk {path} {src.split} {src.text_field} {stamp}")
 
 
 def _local_source(src: SourceSettings, data_root: Path, log) -> Source:
     files = local_files(str(src.path))
     stamp = ";".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-    return Source(_local(src, files), f"local {src.doc_unit} {src.text_field} {stamp}")
+    cache = data_root / ".datasets-cache"  # streaming writes only lock files, but somewhere
+    return Source(Documents(lambda: _local(src, files, cache)), f"local {src.doc_unit} {src.text_field} {stamp}")
 
 
 def _url_documents(src: SourceSettings, data_root: Path, log) -> Iterator[str]:
@@ -86,9 +106,18 @@ def _texts(dataset, field: str, where: str) -> Iterator[str]:
             yield text
 
 
-def _hub(src: SourceSettings) -> Iterator[str]:
+def _datasets():
+    """The datasets library, with its progress bars off where they would land in a plain log (our
+    own bar shows preparation; on a terminal a Hub download keeps its bar)."""
     import datasets
 
+    if not sys.stderr.isatty():
+        datasets.disable_progress_bars()
+    return datasets
+
+
+def _hub(src: SourceSettings) -> tuple[Iterator[str], int | None]:
+    datasets = _datasets()
     name, config, split = src.path, src.config, src.split
     where = f"Hub dataset {name}" + (f" ({config})" if config else "") + f" split {split}"
     try:
@@ -106,12 +135,11 @@ def _hub(src: SourceSettings) -> Iterator[str]:
                 f"data.source.kind=local at its files"
             ) from None
         raise TinyGPTError(f"cannot load {where}: {str(e).splitlines()[0]}") from None
-    yield from _texts(ds, src.text_field, where)
+    return _texts(ds, src.text_field, where), None if src.streaming else len(ds)
 
 
-def _disk(src: SourceSettings) -> Iterator[str]:
-    import datasets
-
+def _disk(src: SourceSettings) -> tuple[Iterator[str], int | None]:
+    datasets = _datasets()
     path = Path(src.path).expanduser()
     try:
         ds = datasets.load_from_disk(str(path))
@@ -122,7 +150,7 @@ def _disk(src: SourceSettings) -> Iterator[str]:
         if split not in ds:
             raise TinyGPTError(f"{path} has splits {', '.join(ds)}, not {split!r}; set data.source.split")
         ds = ds[split]
-    yield from _texts(ds, src.text_field, str(path))
+    return _texts(ds, src.text_field, str(path)), len(ds)
 
 
 def local_files(pattern: str) -> list[Path]:
@@ -144,9 +172,8 @@ def local_files(pattern: str) -> list[Path]:
     return files
 
 
-def _local(src: SourceSettings, files: list[Path]) -> Iterator[str]:
-    import datasets
-
+def _local(src: SourceSettings, files: list[Path], cache: Path) -> tuple[Iterator[str], int | None]:
+    datasets = _datasets()
     builders = {LOCAL_SUFFIXES[p.suffix] for p in files}
     if len(builders) > 1:
         raise TinyGPTError(
@@ -162,13 +189,35 @@ def _local(src: SourceSettings, files: list[Path]) -> Iterator[str]:
         kwargs["keep_linebreaks"] = True  # a line's newline is part of the text (char models have no end-of-text)
     field = "text" if builder == "text" else src.text_field
     try:
-        ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
+        ds = datasets.load_dataset(
+            builder, data_files=[str(p) for p in files], split="train", streaming=True, cache_dir=str(cache), **kwargs
+        )
     except Exception as e:  # datasets wraps parse errors of malformed files in its own types
-        cause = e.__cause__ or e
-        raise TinyGPTError(
-            f"cannot read {src.path} as {builder} files: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}"
-        ) from None
-    yield from _texts(ds, field, str(src.path))
+        raise _unreadable(src, builder, e) from None
+    total = None
+    if builder == "text" and unit == "file":
+        total = len(files)
+    elif builder == "parquet":
+        import pyarrow.parquet as pq
+
+        total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    return _read_local(_texts(ds, field, str(src.path)), src, builder), total
+
+
+def _read_local(texts: Iterator[str], src: SourceSettings, builder: str) -> Iterator[str]:
+    """Streamed files are parsed as they are read: a malformed line shows up here, not at load."""
+    try:
+        yield from texts
+    except TinyGPTError:
+        raise
+    except Exception as e:
+        raise _unreadable(src, builder, e) from None
+
+
+def _unreadable(src: SourceSettings, builder: str, e: Exception) -> TinyGPTError:
+    cause = e.__cause__ or e  # datasets wraps parse errors of malformed files in its own types
+    detail = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    return TinyGPTError(f"cannot read {src.path} as {builder} files: {detail}")
 
 
 # kind -> (how to open it, the settings it needs); a new source is an entry here (and its

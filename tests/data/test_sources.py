@@ -85,3 +85,43 @@ def test_data_errors_are_clear_and_leave_nothing_behind(tmp_path, source, match,
         load(data_settings("bad", source, {"kind": "byte"}), tmp_path / "root")
     out = tmp_path / "root" / "bad"
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
+def test_local_files_leave_no_copy_outside_the_data_root_and_no_foreign_progress_bars(tmp_path, kind):
+    """Local files are streamed: nothing lands in the Hugging Face cache (an Arrow copy as large
+    as the corpus did), and a plain log holds our own lines only."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    folder = write_corpus(tmp_path / "corpus", kind)
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "TINYGPT_DATA_DIR": str(tmp_path / "root")}
+    for var in ("HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME"):
+        env.pop(var, None)
+    args = ["data=local", f"data.source.path={folder}", "data.source.text_field=body", "data.tokenizer.kind=byte"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpt", "prepare", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "12 documents" in proc.stdout
+    assert not [p for p in home.rglob("*") if p.is_file()]  # no ~/.cache/huggingface/datasets copies
+    assert "Generating" not in proc.stderr and "it/s]" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("kind, total", [("txt", 12), ("parquet", 12), ("jsonl", None)])
+def test_the_progress_bar_knows_the_number_of_documents_where_the_source_can_tell(tmp_path, kind, total, capsys):
+    from gpt.data import prepare
+    from gpt.data.sources import open_source
+
+    folder = write_corpus(tmp_path / "corpus", kind)
+    settings = data_settings("c", {"kind": "local", "path": str(folder), "text_field": "body"}, {"kind": "byte"})
+    source = open_source(settings.source, tmp_path / "root")
+    prep = {"identity": source.identity, "val_fraction": 0.25, "split_by": "documents", "seed": 3, "num_proc": 1}
+    prepare.prepare(source.documents, {"kind": "byte"}, tmp_path / "root" / "c", prep, log=lambda *_: None, progress=True)
+    assert source.documents.total == total
+    bar = capsys.readouterr().err
+    assert ("12/12" in bar and "100%" in bar) if total else ("12 docs" in bar and "%" not in bar), bar
