@@ -99,7 +99,7 @@ def test_local_files_leave_no_copy_outside_the_data_root_and_no_foreign_progress
 
     folder = write_corpus(tmp_path / "corpus", kind)
     home = tmp_path / "home"
-    env = {**os.environ, "HOME": str(home), "TINYGPT_DATA_DIR": str(tmp_path / "root")}
+    env = {**os.environ, "HOME": str(home), "TINYGPT_DATA_DIR": str(tmp_path / "root"), "PYTHONPATH": str(REPO)}
     for var in ("HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME"):
         env.pop(var, None)
     args = ["data=local", f"data.source.path={folder}", "data.source.text_field=body", "data.tokenizer.kind=byte"]
