@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import zipfile
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -105,9 +106,37 @@ def _upgrade_from_1(old: dict) -> dict:
 
 
 def save(path: str | Path, ckpt: Checkpoint) -> None:
-    """Atomic: a crash mid-write never clobbers the previous file at `path`."""
-    with atomic_write(path) as f:
-        torch.save(ckpt.to_payload(), f)
+    """Atomic: a crash or a full disk mid-write never clobbers the previous file at `path`. The
+    zip records of the file carry CRC-32 checksums (forced on: `load` checks them)."""
+    crc = getattr(torch.serialization, "get_crc32_options", lambda: True)()
+    if not crc:
+        torch.serialization.set_crc32_options(True)
+    try:
+        with atomic_write(path) as f:
+            torch.save(ckpt.to_payload(), f)
+    except OSError as e:
+        raise TinyGPTError(
+            f"cannot write checkpoint {path} ({e.strerror or e}); the previous one is kept: free space or "
+            f"choose another paths.runs_dir / hydra.run.dir"
+        ) from None
+    finally:
+        if not crc:
+            torch.serialization.set_crc32_options(False)
+
+
+def _check_sums(path: Path) -> None:
+    """Every record of the checkpoint's zip archive against its CRC-32: torch reads records
+    without checking, so a flipped bit in a tensor would load as a wrong weight, silently.
+    (Files that are not zip archives are left to torch.load, which refuses or reads them.)"""
+    try:
+        if not zipfile.is_zipfile(path):
+            return
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
+        raise TinyGPTError(f"cannot load checkpoint {path}: the file is damaged or cut short ({e})") from None
+    if bad is not None:
+        raise TinyGPTError(f"cannot load checkpoint {path}: the file is damaged ({bad} fails its checksum)")
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
@@ -115,6 +144,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
     path = Path(path).expanduser()
     if not path.is_file():
         raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
+    _check_sums(path)
     try:
         try:
             payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -122,12 +152,15 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
             if not (mmap and "mmap can only be used" in str(e)):
                 raise
             payload = torch.load(path, map_location=map_location, weights_only=True)  # an old-style file: read it
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError) as e:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError, OSError) as e:
         # Not a file torch wrote (a text file, a truncated copy): the unpickler fails in many ways.
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first.split(". ")[0]  # torch's zip reader goes on for sentences
         # torch's own advice (e.g. to load with weights_only=False) is not passed on: unsafe.
         if isinstance(e, (KeyError, IndexError, TypeError, EOFError)) or "torch.save" in first or "weights_only" in first:
             first = "it is not a file written by torch.save, or it was cut short"
+        elif isinstance(e, OSError) and not isinstance(e, PermissionError):
+            first = f"it was cut short or is damaged ({e.strerror or first})"
         raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
     if not isinstance(payload, dict):
         raise TinyGPTError(f"{path} is not a tinygpt checkpoint (it holds a {type(payload).__name__})")
@@ -172,6 +205,17 @@ def prune(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` step checkpoints (best.pt is separate and stays)."""
     for old in step_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a checkpoint that cannot be used to `<name>.damaged` (kept for a look, out of the way
+    of retention and resuming); returns the new path."""
+    target, n = path.with_name(path.name + ".damaged"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{n}")
+    path.rename(target)
+    return target
 
 
 def remove_leftovers(run_dir: Path) -> None:
@@ -242,7 +286,7 @@ def parse_resume(value) -> str | Path:
     return Path(text).expanduser()
 
 
-def resume_source(resume, out_dir: Path) -> Path | None:
+def resume_source(resume, out_dir: Path, newest=latest) -> Path | None:
     """The checkpoint a training run starts from, per `resume`:
     auto  - this run directory's newest checkpoint if it has one (rerunning a run continues it),
     false - none; refuse to train into a directory that already holds a run,
@@ -250,7 +294,7 @@ def resume_source(resume, out_dir: Path) -> Path | None:
             continues in the new directory; the old one is only read)."""
     mode = parse_resume(resume)
     if mode == AUTO:
-        return latest(out_dir)
+        return newest(out_dir)
     if mode == NEVER:
         if has_run(out_dir):
             raise TinyGPTError(f"{out_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
@@ -263,7 +307,7 @@ def resume_source(resume, out_dir: Path) -> Path | None:
             raise TinyGPTError(f"resume={mode}: the directory holds no ckpt-*.pt checkpoint to resume from")
     else:
         raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")
-    own = latest(out_dir)
+    own = newest(out_dir)
     if own is None or source.resolve() == own.resolve():
         return source
     # This directory's run began from `resume` and has saved since (preempted, rerun with the

@@ -39,8 +39,23 @@ def from_env() -> Dist:
     if "RANK" in env or "SLURM_NTASKS" not in env:
         size = int(env.get("WORLD_SIZE", 1))
         return Dist(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), size, int(env.get("LOCAL_WORLD_SIZE", size)))
-    per_node = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])  # "4(x2)" in some SLURM versions
+    per_node = _slurm_tasks_on_this_node(env)
     return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), per_node)
+
+
+def _slurm_tasks_on_this_node(env) -> int:
+    """SLURM_TASKS_PER_NODE lists every node's task count in node order, runs compressed
+    ("2(x3),1": three nodes of 2, then one of 1); SLURM_NODEID picks ours. SLURM_NTASKS_PER_NODE
+    is only set when --ntasks-per-node was given, so it is the fallback."""
+    counts: list[int] = []
+    for part in env.get("SLURM_TASKS_PER_NODE", "").split(","):
+        number, _, repeat = part.partition("(x")
+        if number.strip().isdigit():
+            counts += [int(number)] * (int(repeat.rstrip(")")) if repeat else 1)
+    node = int(env.get("SLURM_NODEID", 0))
+    if node < len(counts):
+        return counts[node]
+    return int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
 
 
 def init(d: Dist, device: torch.device) -> None:

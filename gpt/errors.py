@@ -7,3 +7,7 @@ bug and keeps its traceback. Messages say what is wrong *and* how to fix it.
 
 class TinyGPTError(Exception):
     """A user-facing error: bad config, missing file, unreachable data, and so on."""
+
+
+class RunRefused(TinyGPTError):
+    """A training run refused while it was being set up, before it changed anything."""

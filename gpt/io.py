@@ -43,8 +43,22 @@ def atomic_write(path: str | Path, mode: str = "wb", **open_kwargs) -> Iterator[
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
+        _sync_dir(path.parent)  # ... and the new name is on disk too, not only in the page cache
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _sync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # Windows cannot open a directory; its rename is durable by other means
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems (network, FUSE) refuse to sync a directory
+        pass
+    finally:
+        os.close(fd)
 
 
 def writable_dir(path: str | Path, hint: str) -> Path:

@@ -79,6 +79,34 @@ def load(source: str, dropout: float | None = None) -> Loaded:
     return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)
 
 
+def resumable(path: Path) -> Checkpoint:
+    """The checkpoint at `path` (its tensors mapped, not read) if training can continue from it:
+    it loads, holds the training state, and its weights fit its own model; else a TinyGPTError
+    that says which. Checked before anything is written, and again for each step checkpoint of
+    a run that resumes, so that a damaged newest one is not where the run continues from."""
+    ckpt = checkpoint.load(path, mmap=True)
+    if ckpt.training is None:
+        raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
+    try:
+        model_from_checkpoint(ckpt)
+    except TinyGPTError as e:
+        raise TinyGPTError(f"{path}: {e}") from None
+    return ckpt
+
+
+def newest_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest step checkpoint of `run_dir` that `resumable` accepts, and the newer ones it
+    refused with the reason for each (for the caller to set aside and say so)."""
+    refused = []
+    for path in reversed(checkpoint.step_checkpoints(run_dir)):
+        try:
+            resumable(path)
+            return path, refused
+        except TinyGPTError as e:
+            refused.append((path, str(e)))
+    return None, refused
+
+
 def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:
     """The plain model in a checkpoint; a LoRA finetune's adapters are folded in."""
     from gpt.lora import apply_lora, merge_lora

@@ -22,7 +22,8 @@ def run_script(
 ) -> subprocess.CompletedProcess:
     """`python train.py ...` / `python sample.py ...` (the checkout's shims), or for any other
     name `python -m gpt <name> ...` (the `tinygpt` console command)."""
-    env = {**os.environ, "TINYGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    # PYTHONPATH: `python -m gpt` run outside the checkout must import the checkout's gpt, not an installed one.
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     env.pop("HYDRA_FULL_ERROR", None)
     command = [sys.executable, str(REPO / script)] if script.endswith(".py") else [sys.executable, "-m", "gpt", script]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=stdin)

@@ -4,6 +4,7 @@ Run: pytest tests/test_checkpoint.py"""
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import subprocess
@@ -109,10 +110,12 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
     def crash(obj, f):
         f.write(b"partial")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(
+        TinyGPTError, match=r"cannot write checkpoint .*c\.pt \(No space left on device\); the previous one is kept"
+    ):
         checkpoint.save(tmp_path / "c.pt", _ckpt())
     assert (tmp_path / "c.pt").read_bytes() == good
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
@@ -275,3 +278,63 @@ def test_sigkill_while_writing_keeps_a_loadable_checkpoint(tmp_path, delay):
     ckpt = checkpoint.load(path)
     assert ckpt.step >= 1 and ckpt.model["w"].shape == (3_000_000,)
     assert checkpoint.latest(tmp_path) == path  # a leftover temporary is never taken for a checkpoint
+
+
+def _corrupted_variants(data: bytes, n: int, seed: int = 0):
+    """n damaged copies of a file: cut short at any byte, bytes flipped anywhere (1, 4 or 32 of
+    them), a block zeroed (a bad sector, a copy that wrote holes)."""
+    import random
+
+    rng = random.Random(seed)
+    for i in range(n):
+        kind = ("cut", "flip", "zero")[i % 3]
+        b = bytearray(data)
+        if kind == "cut":
+            b = b[: rng.randrange(len(b))]
+        elif kind == "flip":
+            for _ in range(rng.choice([1, 4, 32])):
+                b[rng.randrange(len(b))] ^= rng.randrange(1, 256)
+        else:
+            start, size = rng.randrange(len(b)), rng.randrange(1, 4096)
+            b[start : start + size] = bytes(len(b[start : start + size]))
+        yield kind, bytes(b)
+
+
+def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp_path):
+    """A damaged checkpoint either loads with exactly the weights saved (the damage hit bytes that
+    carry nothing, e.g. a zip timestamp) or is refused with a TinyGPTError: never another
+    exception, never torch's advice to load with weights_only=False, never wrong weights (torch
+    does not check the zip's CRC-32 itself; a flipped bit in a tensor loaded silently before)."""
+    from gpt import loading
+
+    model = _model()
+    state = TrainingState(optimizer={"state": {}, "param_groups": []}, scaler={}, loader={"step": 1}, rng=[{}])
+    checkpoint.save(tmp_path / "good.pt", _ckpt(model, training=state))
+    good = (tmp_path / "good.pt").read_bytes()
+    outcomes = {"identical": 0, "refused": 0}
+    for kind, data in _corrupted_variants(good, 300):
+        path = tmp_path / "damaged.pt"
+        path.write_bytes(data)
+        for load in (checkpoint.load, loading.resumable):
+            try:
+                ckpt = load(path)
+            except TinyGPTError as e:
+                message = str(e)
+                assert "\n" not in message and "weights_only" not in message and str(path) in message, (kind, message)
+                outcomes["refused"] += 1
+                continue
+            assert ckpt.step == 3 and all(torch.equal(ckpt.model[k], v) for k, v in model.state_dict().items()), kind
+            outcomes["identical"] += 1
+    assert outcomes["refused"] > 500  # nearly all damage is seen
+
+
+def test_a_flipped_bit_in_a_weight_is_refused_by_its_checksum(tmp_path):
+    model = _model()
+    checkpoint.save(tmp_path / "c.pt", _ckpt(model))
+    data = bytearray((tmp_path / "c.pt").read_bytes())
+    weight = model.state_dict()["lm_head.weight"].numpy().tobytes()[:64]
+    at = bytes(data).index(weight)  # the tensor's bytes, stored as they are
+    data[at + 5] ^= 0x10
+    (tmp_path / "c.pt").write_bytes(bytes(data))
+    with pytest.raises(TinyGPTError, match=r"the file is damaged \(.*fails its checksum\)"):
+        checkpoint.load(tmp_path / "c.pt")

@@ -84,7 +84,7 @@ def test_process_placement_from_torchrun_or_slurm(monkeypatch):
 
     for var in (
         *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
-        *("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+        *("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID"),
     ):
         monkeypatch.delenv(var, raising=False)
     assert distributed.from_env() == distributed.Dist(0, 0, 1, 1)
@@ -92,8 +92,13 @@ def test_process_placement_from_torchrun_or_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     assert distributed.from_env() == distributed.Dist(5, 1, 8, 1)
-    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")  # some SLURM versions: 4 per node, 2 nodes
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")  # set only with --ntasks-per-node
     assert distributed.from_env() == distributed.Dist(5, 1, 8, 4)
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3(x2),2")  # always set: nodes 0 and 1 run 3 tasks, node 2 runs 2
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 3)
+    monkeypatch.setenv("SLURM_NODEID", "2")
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 2)
     monkeypatch.setenv("RANK", "3")  # torchrun inside a SLURM allocation: torchrun's view wins
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")

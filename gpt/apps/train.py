@@ -12,7 +12,7 @@ from pathlib import Path
 from gpt.apps import common, sweep
 from gpt.apps.common import JobFailed
 from gpt.config import RunConfig
-from gpt.errors import TinyGPTError
+from gpt.errors import RunRefused, TinyGPTError
 
 _COMMAND = "tinygpt train"
 
@@ -29,35 +29,93 @@ def main(argv: list[str] | None = None) -> None:
         if multirun:
             common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=preflight))
         else:
-            common.guard(lambda: preflight(common.compose("config", own, _COMMAND)))
+            common.guard(lambda: preflight(common.compose("config", own, _COMMAND), _run_dir(overrides)))
         common.guard(lambda: protect_earlier_run(overrides))
     _hydra_main([*argv, *quiet_non_zero_ranks()])
 
 
-def preflight(settings: RunConfig) -> None:
-    """The checks that need no data (model shape, data source, runtime; the others ran when the
-    settings were built)."""
-    from gpt import architectures, checkpoint, loading, runtime
+def preflight(settings: RunConfig, run_dir: Path | None = None) -> None:
+    """The checks that need no data (model shape, data source and root, what the run resumes
+    from, runtime; the others ran when the settings were built). `run_dir`: the directory the
+    run trains into when the command names one (hydra.run.dir), which may hold a run to resume."""
+    from gpt import architectures, loading, runtime
     from gpt.data import sources
 
     architectures.config_from_settings(settings.model, vocab_size=1)
     sources.check(settings.data.source)
+    _check_data_root(settings.paths.data_root())
+    resumed = _resume_point(settings, run_dir)
+    if resumed is not None:
+        _check_tokenizer_kind(resumed, settings)
+    if settings.init_from:
+        loading.check(settings.init_from)
+    device, _ = runtime.pick_device(settings.device)
+    runtime.pick_dtype(device, settings.dtype)
+    runtime.pick_compile(device, settings.compile)
+
+
+def _run_dir(overrides: list[str]) -> Path | None:
+    values = dict(a.split("=", 1) for a in overrides)
+    return Path(values["hydra.run.dir"]).expanduser() if "hydra.run.dir" in values else None
+
+
+def _check_data_root(root: Path) -> None:
+    """A data root that is a file (or under one) cannot hold prepared data."""
+    for folder in (root, *root.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise TinyGPTError(f"paths.data_dir={root}: {folder} is a file; name a folder for prepared data")
+            return
+
+
+def _resume_point(settings: RunConfig, run_dir: Path | None):
+    """The checkpoint the run will continue from, checked as setup will use it (loads, holds the
+    training state, weights fit), or None for a new run."""
+    from gpt import checkpoint, loading
+
     resume = checkpoint.parse_resume(settings.resume)
-    if isinstance(resume, Path):  # a run to continue from: it must hold a checkpoint that loads
+    if isinstance(resume, Path):
         if not resume.exists():
             raise TinyGPTError(f"resume={settings.resume!r} is neither auto, false, a checkpoint file nor a run directory")
         source = checkpoint.latest(resume) if resume.is_dir() else resume
         if source is None:
             raise TinyGPTError(f"resume={settings.resume}: the directory holds no ckpt-*.pt checkpoint to resume from")
         try:
-            checkpoint.load(source, mmap=True)
+            ckpt = loading.resumable(source)
         except TinyGPTError as e:
             raise TinyGPTError(f"resume={settings.resume}: {e}") from None
-    if settings.init_from:
-        loading.check(settings.init_from)
-    device, _ = runtime.pick_device(settings.device)
-    runtime.pick_dtype(device, settings.dtype)
-    runtime.pick_compile(device, settings.compile)
+        if run_dir is not None:  # continuing elsewhere into a directory that holds a run of its own
+            newest = lambda d: loading.newest_resumable(d)[0]  # noqa: E731
+            source = checkpoint.resume_source(settings.resume, run_dir, newest)
+            return loading.resumable(source)
+        return ckpt
+    if resume == checkpoint.AUTO and run_dir is not None and checkpoint.step_checkpoints(run_dir):
+        source, refused = loading.newest_resumable(run_dir)
+        if source is None:
+            raise TinyGPTError(
+                f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
+                f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
+            )
+        return loading.resumable(source)
+    return None
+
+
+def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
+    """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
+    identity are known now; a char vocabulary is fitted to its corpus, compared once the data is
+    prepared (gpt.training.setup)."""
+    from dataclasses import asdict
+
+    from gpt.tokenizer import difference, normalize_spec, tokenizer_identity
+
+    theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
+    if "vocab_size" not in ours:  # known once the ranks file is read
+        theirs.pop("vocab_size", None)
+    if theirs["kind"] != ours["kind"] or (ours["kind"] != "char" and theirs != ours):
+        raise TinyGPTError(
+            f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
+            f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"
+        )
 
 
 def protect_earlier_run(overrides: list[str]) -> None:
@@ -83,6 +141,22 @@ def protect_earlier_run(overrides: list[str]) -> None:
         while (run_dir / f".hydra-{n}").exists():
             n += 1
         record.rename(run_dir / f".hydra-{n}")
+        _set_aside.append((run_dir / f".hydra-{n}", record))
+
+
+_set_aside: list[tuple[Path, Path]] = []  # (where the earlier run's record went, where it was)
+
+
+def _put_back_earlier_record() -> None:
+    """A run refused during set-up changed nothing: the earlier run's record goes back in place of
+    this attempt's (its error stays in train.log)."""
+    import shutil
+
+    while _set_aside:
+        kept, record = _set_aside.pop()
+        if kept.is_dir():
+            shutil.rmtree(record, ignore_errors=True)
+            kept.rename(record)
 
 
 def quiet_non_zero_ranks() -> list[str]:
@@ -139,6 +213,9 @@ def _task(cfg) -> float:
         settings.paths.output_dir = settings.paths.output_dir or output_dir
         try:
             summary = train(settings, overrides=overrides)
+        except RunRefused:
+            _put_back_earlier_record()
+            raise
         except Preempted:
             launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
             say(f"resume with: {launcher} <the same overrides> hydra.run.dir={settings.paths.output_dir}")

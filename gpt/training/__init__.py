@@ -15,7 +15,7 @@ import torch
 
 from gpt import distributed
 from gpt.config import RunConfig
-from gpt.errors import TinyGPTError
+from gpt.errors import RunRefused, TinyGPTError
 from gpt.tracking import record_failure
 from gpt.training.loop import EvalHook, StepHook, Trainer, train_step
 from gpt.training.setup import Run, build_run
@@ -35,7 +35,7 @@ def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | N
         except TinyGPTError as e:  # recorded, so that a sweep lists the run (never over a run's own record)
             if cfg.paths.output_dir and distributed.from_env().is_main:
                 record_failure(Path(cfg.paths.output_dir), str(e), overrides=list(overrides))
-            raise
+            raise RunRefused(str(e)) from None
         return Trainer(run, overrides, started).fit(on_step, on_eval)
     finally:
         distributed.shutdown()

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt import architectures, checkpoint, distributed, runtime
+from gpt import architectures, checkpoint, distributed, loading, runtime
 from gpt.checkpoint import Checkpoint
 from gpt.config import RunConfig
 from gpt.data import Dataset, load_data
@@ -102,7 +102,7 @@ def build_run(cfg: RunConfig) -> Run:
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(checkpoint.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg.paths.output_dir = str(out_dir)
     cfg.paths.data_dir = str(cfg.paths.data_root())  # recorded as used
-    source = _resume_source(cfg, out_dir, dist)
+    source = _resume_source(cfg, out_dir, dist, log)
     log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
     # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
     # generator, seeded alike on every rank; see RandomWindows.)
@@ -134,15 +134,32 @@ def _quiet(*args, **kwargs) -> None:
     pass
 
 
-def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist) -> Path | None:
+def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log) -> Path | None:
     # Rank 0 decides (other nodes may not share its view of the filesystem).
-    source = distributed.broadcast(checkpoint.resume_source(cfg.resume, out_dir) if dist.is_main else None, dist)
+    newest = lambda run_dir: _newest_resumable(run_dir, log)  # noqa: E731
+    source = distributed.broadcast(checkpoint.resume_source(cfg.resume, out_dir, newest) if dist.is_main else None, dist)
     if dist.is_main:
         checkpoint.remove_leftovers(out_dir)
     if cfg.finetune.require_init and not cfg.init_from and source is None:
         raise TinyGPTError(
             "this experiment needs a model to start from: pass init_from=<run dir | checkpoint | gpt2 | HF folder>"
         )
+    return source
+
+
+def _newest_resumable(run_dir: Path, log) -> Path | None:
+    """The run's newest checkpoint that can be resumed from; newer ones that cannot (cut short by
+    a full disk, damaged on the way) are set aside as <name>.damaged, saying so. None when the
+    run has no checkpoint; refused when it has some and none of them loads."""
+    source, refused = loading.newest_resumable(run_dir)
+    if refused and source is None:
+        raise TinyGPTError(
+            f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
+            f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
+        )
+    for path, reason in refused:
+        aside = checkpoint.set_aside(path)
+        log(f"notice: {reason}; set aside as {aside.name}, resuming from {source.name}")
     return source
 
 
@@ -240,8 +257,12 @@ def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
     state = ckpt.training
     if state is None:
         raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
-    run.model.load_state_dict(ckpt.model)
-    run.optimizer.load_state_dict(state.optimizer)
+    try:
+        run.model.load_state_dict(ckpt.model)
+        run.optimizer.load_state_dict(state.optimizer)
+    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (loading.resumable); a file changed since
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TinyGPTError(f"{path}: its weights or optimizer state do not fit this run ({first})") from None
     if run.scaler.is_enabled() and state.scaler:  # an fp32/bf16 run's scaler state is empty
         run.scaler.load_state_dict(state.scaler)
     run.batches.load_state_dict(state.loader)

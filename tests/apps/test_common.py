@@ -5,6 +5,7 @@ Run: pytest tests/apps/test_common.py"""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,7 @@ BAD_INPUTS = {  # id: (command, arguments, what the one line must name); {run}, 
     "num_proc": ("train.py", ["data.num_proc=abc"], "data.num_proc"),
     "max_docs": ("train.py", ["data.max_docs=abc"], "data.max_docs"),
     "max_tokens": ("train.py", ["data.max_tokens=-5"], "data.max_tokens"),
-    "threads": ("train.py", ["threads=0"], "threads"),
+    "threads": ("train.py", ["threads=0"], "threads must be a positive integer"),
     "run_dir_is_a_file": ("train.py", ["hydra.run.dir={text}"], "hydra.run.dir"),
     "resume_a_text_file": ("train.py", ["resume={text}"], "resume="),
     "weights_that_do_not_fit": ("sample.py", ["ckpt={bad_ckpt}"], "bad.pt"),
@@ -168,6 +169,12 @@ BAD_INPUTS = {  # id: (command, arguments, what the one line must name); {run}, 
     "bare_word_prepare": ("prepare", ["fast"], "'fast' is not a setting"),
     "bare_word_eval": ("eval", ["fast"], "'fast' is not a setting"),
     "local_without_path": ("train.py", ["data=local"], "data.source.path"),
+    # refused in place: the earlier run's .hydra record and train.log must not change either
+    "data_root_is_a_file_in_place": ("train.py", ["hydra.run.dir={run}", "paths.data_dir={text}"], "paths.data_dir"),
+    "tokenizer_mismatch_in_place": ("train.py", ["hydra.run.dir={run}", "data=shakespeare"], "tokenizer differs"),
+    "resume_best_into_its_run": ("train.py", ["hydra.run.dir={run}", "resume={run}/checkpoints/best.pt"], "weights only"),
+    "resume_weights_that_do_not_fit": ("train.py", ["resume={bad_step}"], "do not fit"),
+    "no_checkpoint_of_the_run_loads": ("train.py", ["hydra.run.dir={broken_run}"], "none can be resumed"),
 }
 
 
@@ -188,19 +195,27 @@ def test_bad_inputs_get_one_line_and_touch_nothing(case, trained_run, data_root,
     bad = checkpoint.load(run_dir / "checkpoints" / "best.pt")
     bad.model["transformer.wte.weight"] = torch.zeros(3, 3)
     checkpoint.save(tmp_path / "bad.pt", bad)
+    bad_step = checkpoint.load(checkpoint.latest(run_dir))
+    bad_step.model["transformer.wte.weight"] = torch.zeros(3, 3)
+    checkpoint.save(tmp_path / "bad_step.pt", bad_step)
+    shutil.copytree(run_dir, tmp_path / "broken_run")
+    for path in checkpoint.step_checkpoints(tmp_path / "broken_run"):
+        path.write_bytes(path.read_bytes()[:1000])  # cut short
     names = {
         "run": run_dir,
         "text": tmp_path / "notes.txt",
         "latin1": tmp_path / "latin1.txt",
         "folder": tmp_path / "folder",
         "bad_ckpt": tmp_path / "bad.pt",
+        "bad_step": tmp_path / "bad_step.pt",
+        "broken_run": tmp_path / "broken_run",
     }
     command, args, needle = BAD_INPUTS[case]
     args = [a.format(**names) for a in args]
-    before = {"outputs": _snapshot(cwd / "outputs"), "data": _snapshot(root)}
+    before = {"outputs": _snapshot(cwd / "outputs"), "data": _snapshot(root), "broken": _snapshot(tmp_path / "broken_run")}
     proc = run_script(command, [*args, *(data_overrides if command == "train.py" else [])], cwd, root)
     assert_one_line_error(proc, needle)
-    after = {"outputs": _snapshot(cwd / "outputs"), "data": _snapshot(root)}
+    after = {"outputs": _snapshot(cwd / "outputs"), "data": _snapshot(root), "broken": _snapshot(tmp_path / "broken_run")}
     for where in before:
         assert {k: after[where].get(k) for k in before[where]} == before[where], where
-    assert not (run_dir / ".hydra-1").exists()
+    assert not (run_dir / ".hydra-1").exists() and not (tmp_path / "broken_run" / ".hydra-1").exists()

@@ -123,3 +123,28 @@ def test_a_run_from_before_min_lr_ratio_keeps_its_floor(tmp_path, data_root, cap
     assert run.schedule.min_lr == 3e-4 and "keeping the checkpoint's optim.min_lr=0.0003" in caplog.text
     fresh = build_run(compose(base, tmp_path / "new"))
     assert fresh.schedule.min_lr == pytest.approx(1e-4)
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path, data_root, caplog):
+    """A checkpoint cut short (a full disk, a copy that stopped) is not where a run continues from:
+    the newest one that loads is, the damaged one kept beside it as <name>.damaged, and the log
+    says so. When none loads, the run is refused and every file stays."""
+    from gpt import checkpoint
+
+    base = _four_steps(data_root)
+    train(compose(base, tmp_path))
+    older, newest = checkpoint.step_checkpoints(tmp_path)[-2:]
+    damaged = newest.read_bytes()[:4096]
+    newest.write_bytes(damaged)
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(compose(base, tmp_path))
+    assert run.progress.step == checkpoint.load(older).step
+    aside = newest.with_name(newest.name + ".damaged")
+    assert aside.read_bytes() == damaged and not newest.exists()
+    assert f"set aside as {aside.name}, resuming from {older.name}" in caplog.text
+    kept = checkpoint.step_checkpoints(tmp_path)
+    for path in kept:
+        path.write_bytes(b"not a checkpoint")
+    with pytest.raises(TinyGPTError, match="holds checkpoints but none can be resumed from"):
+        build_run(compose(base, tmp_path))
+    assert kept and [p.read_bytes() for p in kept] == [b"not a checkpoint"] * len(kept)
