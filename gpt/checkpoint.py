@@ -160,7 +160,9 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
         if isinstance(e, (KeyError, IndexError, TypeError, EOFError)) or "torch.save" in first or "weights_only" in first:
             first = "it is not a file written by torch.save, or it was cut short"
         elif isinstance(e, OSError) and not isinstance(e, PermissionError):
-            first = f"it was cut short or is damaged ({e.strerror or first})"
+            first = f"the file is damaged or cut short ({e.strerror or first})"
+        elif "PytorchStreamReader" in first:
+            first = f"the file is damaged or cut short ({first.removeprefix('PytorchStreamReader ')})"
         raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
     if not isinstance(payload, dict):
         raise TinyGPTError(f"{path} is not a tinygpt checkpoint (it holds a {type(payload).__name__})")
@@ -238,6 +240,13 @@ def checkpoint_in_run(run_dir: Path) -> Path:
             f"{run_dir} holds no checkpoint ({CKPT_DIR}/{BEST} or ckpt-*.pt); pass a run directory that has trained"
         )
     return found
+
+
+def candidates_in_run(run_dir: Path) -> list[Path]:
+    """The checkpoints a reader of a run may use, in order of preference: best.pt, then the step
+    checkpoints newest first."""
+    best = Path(run_dir) / CKPT_DIR / BEST
+    return [best] * best.is_file() + step_checkpoints(run_dir)[::-1]
 
 
 def latest_run(runs_root: str | Path) -> Path:

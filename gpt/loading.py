@@ -5,6 +5,7 @@ newest run under the runs folder). Used by sampling, evaluation, export and fine
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def choose(
     """What the command-line choices (ckpt=, run_dir=, init_from=, else the newest run) name."""
     if init_from:
         return init_from
-    return str(checkpoint.resolve(ckpt, run_dir, runs_dir or PathsSettings().runs_dir))
+    path = checkpoint.resolve(ckpt, run_dir, runs_dir or PathsSettings().runs_dir)
+    # A run directory, not its best.pt: `load` falls back to another of its checkpoints if that is damaged.
+    return str(path if ckpt else path.parent.parent)
 
 
 def check(source: str, what: str = "init_from") -> None:
@@ -50,13 +53,27 @@ def check(source: str, what: str = "init_from") -> None:
         raise TinyGPTError(
             f"{what}={source} is not a GPT-2 name ({', '.join(pretrained.HUB_MODELS)}), a folder or a checkpoint file"
         )
-    checkpoint.load(checkpoint.checkpoint_in_run(path) if path.is_dir() else path, mmap=True)
+    if not path.is_dir():
+        checkpoint.load(path, mmap=True)
+        return
+    checkpoint.checkpoint_in_run(path)  # refuses a directory without checkpoints
+    reasons = []
+    for candidate in checkpoint.candidates_in_run(path):
+        try:
+            checkpoint.load(candidate, mmap=True)
+            return
+        except TinyGPTError as e:
+            reasons.append(str(e))
+    raise TinyGPTError(f"{what}={source}: no checkpoint of that run loads ({reasons[0]})")
 
 
-def load(source: str, dropout: float | None = None) -> Loaded:
+def load(source: str, dropout: float | None = None, log=None) -> Loaded:
     """A Hugging Face GPT-2 (Hub name or folder with config.json), a tinygpt checkpoint, or a run
-    directory (its best.pt, else its newest step checkpoint). `dropout` replaces the model's."""
+    directory (its best.pt, else its newest step checkpoint; a damaged one is skipped with a
+    notice through `log`, stderr by default). `dropout` replaces the model's."""
     from gpt import pretrained
+
+    log = log or (lambda message: print(message, file=sys.stderr))
 
     if pretrained.is_hf_source(source):
         model, tokenizer = pretrained.load_hf_gpt2(source, dropout or 0.0)
@@ -70,13 +87,29 @@ def load(source: str, dropout: float | None = None) -> Loaded:
         raise TinyGPTError(
             f"init_from={source} is not a GPT-2 name ({', '.join(pretrained.HUB_MODELS)}), a folder or a checkpoint file"
         )
-    path = checkpoint.checkpoint_in_run(path) if path.is_dir() else path
+    if not path.is_dir():
+        ckpt, model = _load_file(path, dropout)
+        return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)
+    checkpoint.checkpoint_in_run(path)  # refuses a directory without checkpoints
+    refused = []
+    for candidate in checkpoint.candidates_in_run(path):
+        try:
+            ckpt, model = _load_file(candidate, dropout)
+        except TinyGPTError as e:
+            refused.append(str(e))
+            continue
+        for reason in refused:  # the damaged file stays where it is: readers do not rearrange a run
+            log(f"notice: {reason}; using {candidate.name} instead")
+        return Loaded(model.eval(), ckpt.tokenizer, str(candidate), ckpt)
+    raise TinyGPTError(f"no checkpoint of {path} loads ({refused[0]}); pass ckpt=<a checkpoint that loads>")
+
+
+def _load_file(path: Path, dropout: float | None) -> tuple[Checkpoint, nn.Module]:
     ckpt = checkpoint.load(path)
     try:
-        model = model_from_checkpoint(ckpt, dropout)
+        return ckpt, model_from_checkpoint(ckpt, dropout)
     except TinyGPTError as e:
         raise TinyGPTError(f"{path}: {e}") from None
-    return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)
 
 
 def resumable(path: Path) -> Checkpoint:

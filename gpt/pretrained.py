@@ -81,13 +81,31 @@ def _resolve_dir(source: str) -> Path:
 
 
 def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / "model.safetensors").is_file():
-        from safetensors.torch import load_file
+    """The weights file of a Hugging Face folder, safely: safetensors, or a pickle read with
+    weights_only=True. A damaged or hostile file is one line (torch's advice to retry with
+    weights_only=False is not passed on: that would run the file's code)."""
+    path = folder / "model.safetensors"
+    try:
+        if path.is_file():
+            from safetensors.torch import load_file
 
-        return load_file(str(folder / "model.safetensors"))
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise TinyGPTError(f"{folder} holds no model.safetensors or pytorch_model.bin")
+            weights = load_file(str(path))
+        elif (path := folder / "pytorch_model.bin").is_file():
+            weights = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise TinyGPTError(f"{folder} holds no model.safetensors or pytorch_model.bin")
+    except TinyGPTError:
+        raise
+    except Exception as e:  # safetensors, the unpickler and zip reader fail in many ways
+        if isinstance(e, MemoryError):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        if "weights_only" in first or "torch.save" in first:
+            first = "it holds objects other than tensors, or is not a file torch wrote"
+        raise TinyGPTError(f"cannot load {path}: {first}; download the model folder again") from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise TinyGPTError(f"{path} holds no state dict of tensors; download the model folder again")
+    return weights
 
 
 def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
@@ -98,7 +116,12 @@ def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     folder = _resolve_dir(source)
     if not (folder / "config.json").is_file():
         raise TinyGPTError(f"{folder} has no config.json; a Hugging Face GPT-2 folder holds config.json and model.safetensors")
-    hf = json.loads((folder / "config.json").read_text())
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (ValueError, OSError) as e:
+        raise TinyGPTError(f"{folder / 'config.json'} cannot be read as JSON ({e}); download the model folder again") from None
+    if not isinstance(hf, dict):
+        raise TinyGPTError(f"{folder / 'config.json'} is not a JSON object; download the model folder again")
     if hf.get("model_type") != "gpt2":
         raise TinyGPTError(f"{folder} holds a {hf.get('model_type')!r} model; only GPT-2 checkpoints can be loaded")
     _refuse_variants(folder, hf)

@@ -120,3 +120,23 @@ def load(settings, root: Path):
     from gpt.data import load_data
 
     return load_data(settings, root, log=lambda *a: None)
+
+
+def corrupted_variants(data: bytes, n: int, seed: int = 0):
+    """n damaged copies of a file: cut short at any byte, bytes flipped anywhere (1, 4 or 32 of
+    them), a block zeroed (a bad sector, a copy that wrote holes)."""
+    import random
+
+    rng = random.Random(seed)
+    for i in range(n):
+        kind = ("cut", "flip", "zero")[i % 3]
+        b = bytearray(data)
+        if kind == "cut":
+            b = b[: rng.randrange(len(b))]
+        elif kind == "flip":
+            for _ in range(rng.choice([1, 4, 32])):
+                b[rng.randrange(len(b))] ^= rng.randrange(1, 256)
+        else:
+            start, size = rng.randrange(len(b)), rng.randrange(1, 4096)
+            b[start : start + size] = bytes(len(b[start : start + size]))
+        yield kind, bytes(b)

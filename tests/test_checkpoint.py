@@ -18,7 +18,7 @@ from gpt import checkpoint
 from gpt.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
-from helpers import REPO
+from helpers import REPO, corrupted_variants
 
 
 def _model():
@@ -280,26 +280,6 @@ def test_sigkill_while_writing_keeps_a_loadable_checkpoint(tmp_path, delay):
     assert checkpoint.latest(tmp_path) == path  # a leftover temporary is never taken for a checkpoint
 
 
-def _corrupted_variants(data: bytes, n: int, seed: int = 0):
-    """n damaged copies of a file: cut short at any byte, bytes flipped anywhere (1, 4 or 32 of
-    them), a block zeroed (a bad sector, a copy that wrote holes)."""
-    import random
-
-    rng = random.Random(seed)
-    for i in range(n):
-        kind = ("cut", "flip", "zero")[i % 3]
-        b = bytearray(data)
-        if kind == "cut":
-            b = b[: rng.randrange(len(b))]
-        elif kind == "flip":
-            for _ in range(rng.choice([1, 4, 32])):
-                b[rng.randrange(len(b))] ^= rng.randrange(1, 256)
-        else:
-            start, size = rng.randrange(len(b)), rng.randrange(1, 4096)
-            b[start : start + size] = bytes(len(b[start : start + size]))
-        yield kind, bytes(b)
-
-
 def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp_path):
     """A damaged checkpoint either loads with exactly the weights saved (the damage hit bytes that
     carry nothing, e.g. a zip timestamp) or is refused with a TinyGPTError: never another
@@ -312,7 +292,7 @@ def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp
     checkpoint.save(tmp_path / "good.pt", _ckpt(model, training=state))
     good = (tmp_path / "good.pt").read_bytes()
     outcomes = {"identical": 0, "refused": 0}
-    for kind, data in _corrupted_variants(good, 300):
+    for kind, data in corrupted_variants(good, 300):
         path = tmp_path / "damaged.pt"
         path.write_bytes(data)
         for load in (checkpoint.load, loading.resumable):

@@ -262,3 +262,43 @@ def test_the_export_comparison_catches_a_symmetric_transpose_bug(tmp_path, monke
     with torch.no_grad():
         assert torch.equal(back(idx)[0], ours(idx)[0])  # the round trip cannot see it
     assert _logits_diff(ours, GPT2LMHeadModel.from_pretrained(tmp_path), idx) > 10 * TOL
+
+
+class _Exploit:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch pwned",))
+
+
+def test_a_damaged_or_hostile_weights_file_is_one_line(tmp_path, monkeypatch):
+    """init_from=<folder> whose model.safetensors is cut short or garbage, or whose
+    pytorch_model.bin is a pickle that would run code: refused in one line that never suggests
+    weights_only=False, and nothing runs."""
+    import pickle
+
+    from gpt import loading
+    from helpers import corrupted_variants
+
+    monkeypatch.chdir(tmp_path)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    folder = export_hf(model, CharTokenizer(list("abcdefghijklmnop")), tmp_path / "hf")
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    refused = []
+    for kind, data in corrupted_variants(good, 30):
+        weights.write_bytes(data)
+        try:
+            loading.load(str(folder))  # safetensors has no checksum: a flipped weight byte loads
+        except TinyGPTError as e:
+            assert "\n" not in str(e) and "weights_only" not in str(e), str(e)
+            refused.append(kind)
+    assert refused.count("cut") == 10
+    weights.unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"w": _Exploit()}))
+    with pytest.raises(TinyGPTError, match="pytorch_model.bin") as e:
+        loading.load(str(folder))
+    assert "weights_only" not in str(e.value) and not (tmp_path / "pwned").exists()
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(TinyGPTError, match="config.json is not a JSON object"):
+        loading.load(str(folder))

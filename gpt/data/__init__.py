@@ -38,12 +38,16 @@ def preparation_settings(data: DataSettings, identity: str) -> dict:
     return {"identity": identity, **{k: getattr(data, k) for k in keys}}
 
 
-def load_data(data: DataSettings, data_root: str | Path, log=print) -> Dataset:
+def load_data(data: DataSettings, data_root: str | Path, log=print, verify: bool = True) -> Dataset:
+    """Prepared data for `data` under `data_root`, preparing it first if need be (or again, if a
+    shard was damaged since: `verify` checks their checksums)."""
     root = Path(data_root).expanduser()
     out_dir = root / data.name
     source = open_source(data.source, root, log=log)
     tokenizer_spec = normalize_spec(asdict(data.tokenizer))
-    meta = prepare_documents(source.documents, tokenizer_spec, out_dir, preparation_settings(data, source.identity), log=log)
+    meta = prepare_documents(
+        source.documents, tokenizer_spec, out_dir, preparation_settings(data, source.identity), log=log, verify=verify
+    )
     return Dataset(
         name=data.name,
         train=open_split(out_dir, meta, "train"),

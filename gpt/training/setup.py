@@ -182,7 +182,7 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:
         data = load_data(cfg.data, cfg.paths.data_root(), log=log)
     distributed.barrier(dist)
     if dist.local_rank != 0:
-        data = load_data(cfg.data, cfg.paths.data_root(), log=_quiet)
+        data = load_data(cfg.data, cfg.paths.data_root(), log=_quiet, verify=False)  # local rank 0 checked it
     log(
         f"data {data.name}: {Dataset.tokens(data.train):,} train / {Dataset.tokens(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size}"

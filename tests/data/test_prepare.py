@@ -220,3 +220,37 @@ def test_a_data_folder_that_cannot_be_written_is_refused_before_anything_is_dele
     with pytest.raises(TinyGPTError, match=r"cannot write into .*prepared \(permission denied\); .*TINYGPT_DATA_DIR"):
         prep_char(src, out, val_fraction=0.2)  # other settings: would re-prepare
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("damage", ["zeroed middle", "random bytes"])
+def test_a_shard_damaged_since_preparation_is_prepared_again_not_trained_on(tmp_path, damage):
+    """Same size, other bytes: sizes alone passed it (zeros trained on silently; random ids failed
+    with an IndexError at the first batch). The shard's CRC-32 in meta.json catches it."""
+    import numpy as np
+
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    meta = prep_char(src, out)
+    shard = out / "train-0000.bin"
+    full = shard.read_bytes()
+    middle = slice(len(full) // 3, 2 * len(full) // 3)
+    broken = bytearray(full)
+    broken[middle] = (
+        bytes(len(broken[middle])) if damage == "zeroed middle" else np.random.default_rng(0).bytes(len(broken[middle]))
+    )
+    shard.write_bytes(bytes(broken))
+    notices = []
+    assert prepare.read_meta(out, meta["fingerprint"], log=notices.append) is None
+    assert "train-0000.bin no longer matches its checksum" in notices[0]
+    assert prepare.read_meta(out, meta["fingerprint"], verify=False) is not None  # the cheap path other ranks take
+    prep_char(src, out)
+    assert shard.read_bytes() == full
+
+
+def test_a_meta_that_is_not_an_object_reads_as_unprepared(tmp_path):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    meta = prep_char(src, out)
+    for text in ("[1, 2]", '"meta"', "null", "{bad json"):
+        (out / "meta.json").write_text(text)
+        assert prepare.read_meta(out, meta["fingerprint"]) is None

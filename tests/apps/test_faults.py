@@ -1,0 +1,92 @@
+"""Faults a run meets in the wild, through the commands: damaged checkpoints (cut short, bytes
+flipped, blocks zeroed) given to sample, eval and train's resume=, and a run whose best.pt is
+damaged. Each either works as with the intact file or ends in one line; never a traceback, never
+torch's advice to load with weights_only=False. Run: pytest tests/apps/test_faults.py"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from gpt import checkpoint
+from helpers import assert_one_line_error, corrupted_variants, run_script
+
+
+def _one_line_or_success(capsys, call) -> str:
+    """Run a command's main() in this process; 'ok' or 'refused' (one `error:` line, status 2)."""
+    try:
+        call()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    err = capsys.readouterr().err
+    assert "weights_only" not in err and "Traceback" not in err, err
+    if code == 0:
+        return "ok"
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("notice:")]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    return "refused"
+
+
+@pytest.mark.slow
+def test_300_damaged_checkpoints_through_sample_eval_and_resume(trained_run, data_root, tmp_path, capsys, monkeypatch):
+    from gpt.apps import eval as eval_app
+    from gpt.apps import sample as sample_app
+    from gpt.apps import train as train_app
+
+    cwd, run_dir, _ = trained_run
+    root, data_overrides = data_root
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINYGPT_DATA_DIR", str(root))
+    trained = []  # what train.py would have trained from: the checks before Hydra passed
+    monkeypatch.setattr(train_app, "_hydra_main", lambda argv: trained.append(argv))
+    (tmp_path / "essay.txt").write_text("ROMEO: But soft, what light through yonder window breaks?\n" * 3)
+    good = checkpoint.latest(run_dir).read_bytes()
+    path = tmp_path / "damaged.pt"
+    outcomes: dict[str, dict[str, int]] = {}
+    for _kind, data in corrupted_variants(good, 300, seed=1):
+        path.write_bytes(data)
+        calls = {
+            "sample": lambda: sample_app.main([f"ckpt={path}", "max_new_tokens=3", "prompt=ROMEO:", "threads=1"]),
+            "eval": lambda: eval_app.main([f"ckpt={path}", f"text_file={tmp_path / 'essay.txt'}", "threads=1"]),
+            "train": lambda: train_app.main(["debug=tiny", *data_overrides, f"resume={path}", "threads=1"]),
+        }
+        for name, call in calls.items():
+            result = _one_line_or_success(capsys, call)
+            outcomes.setdefault(name, {}).setdefault(result, 0)
+            outcomes[name][result] += 1
+    for name in ("sample", "eval", "train"):
+        assert sum(outcomes[name].values()) == 300 and outcomes[name].get("refused", 0) > 250, outcomes
+    assert len(trained) == outcomes["train"].get("ok", 0)
+
+
+@pytest.mark.slow
+def test_the_real_commands_on_damaged_files_and_a_run_whose_best_pt_is_damaged(trained_run, data_root, tmp_path):
+    """The same through the real processes, a few variants of each kind; and a run directory whose
+    best.pt is damaged: sample and eval use its newest step checkpoint instead, saying why, and
+    leave the damaged file where it is."""
+    cwd, run_dir, _ = trained_run
+    root, data_overrides = data_root
+    good = checkpoint.latest(run_dir).read_bytes()
+    for i, (_kind, data) in enumerate(corrupted_variants(good, 6, seed=2)):
+        path = tmp_path / f"damaged-{i}.pt"
+        path.write_bytes(data)
+        for command, args in (("sample.py", ["max_new_tokens=3"]), ("train.py", ["debug=tiny", *data_overrides])):
+            key = "ckpt" if command == "sample.py" else "resume"
+            proc = run_script(command, [f"{key}={path}", *args], tmp_path, root)
+            if proc.returncode != 0:
+                assert_one_line_error(proc, str(path))
+            assert "weights_only" not in proc.stderr
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    best = copy / "checkpoints" / "best.pt"
+    best.write_bytes(best.read_bytes()[:2000])
+    proc = run_script("sample.py", [f"run_dir={copy}", "max_new_tokens=3", "prompt=ROMEO:"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr
+    newest = checkpoint.latest(copy).name
+    assert "best.pt: the file is damaged or cut short" in proc.stderr, proc.stderr
+    assert f"using {newest} instead" in proc.stderr and best.stat().st_size == 2000
+    (tmp_path / "essay.txt").write_text("ROMEO: But soft, what light through yonder window breaks?\n" * 3)
+    proc = run_script("eval", [f"run_dir={copy}", f"text_file={tmp_path / 'essay.txt'}"], tmp_path, root)
+    assert proc.returncode == 0 and f"using {newest} instead" in proc.stderr, proc.stderr
