@@ -55,6 +55,7 @@ class Checkpoint:
     tokenizer: dict  # the tokenizer's dict form
     step: int = 0
     best_val_loss: float = math.inf
+    last_eval: dict = field(default_factory=dict)  # {"train", "val"} losses of the newest eval (a resumed run reports them)
     config: dict = field(default_factory=dict)  # the run's settings, as plain data
     lora: dict | None = None  # {"rank", "alpha"} when `model` holds unmerged LoRA adapters
     training: TrainingState | None = None  # None: weights only (best.pt, imports)

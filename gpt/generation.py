@@ -157,7 +157,15 @@ class Decoder:
         else:
             logits = filter_logits(logits / self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.min_p)
             probs = F.softmax(logits, dim=-1)
-            next_ids = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)])
+            try:
+                next_ids = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)])
+            except RuntimeError as e:  # NaN/inf probabilities: nothing the sampling settings did
+                if "probability tensor" not in str(e):
+                    raise
+                raise TinyGPTError(
+                    "the model's outputs are not finite numbers (its weights hold NaN or inf: a diverged run); "
+                    "sample from an earlier checkpoint (ckpt=<run>/checkpoints/ckpt-<step>.pt)"
+                ) from None
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
         self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
         return next_ids

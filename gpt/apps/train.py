@@ -122,7 +122,7 @@ def protect_earlier_run(overrides: list[str]) -> None:
     """Training into a directory that already holds a run resumes it (resume=auto) or is refused
     (resume=false). Either way Hydra would overwrite that run's .hydra/ record before any of our
     code runs: refuse first, or keep the earlier record as .hydra-<n>/."""
-    from gpt import checkpoint
+    from gpt import checkpoint, runlock
 
     values = dict(a.split("=", 1) for a in overrides)
     for key in ("hydra.run.dir", "hydra.sweep.dir"):
@@ -131,6 +131,7 @@ def protect_earlier_run(overrides: list[str]) -> None:
     if "hydra.run.dir" not in values or common.rank() != 0:
         return
     run_dir = Path(values["hydra.run.dir"]).expanduser()
+    runlock.check(run_dir)  # another process trains there: its record must not move
     if not checkpoint.has_run(run_dir):
         return
     if checkpoint.parse_resume(values.get("resume", "auto")) == checkpoint.NEVER:

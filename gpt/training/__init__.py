@@ -16,7 +16,9 @@ import torch
 from gpt import distributed
 from gpt.config import RunConfig
 from gpt.errors import RunRefused, TinyGPTError
-from gpt.tracking import record_failure
+from gpt.preemption import StopRequest
+from gpt.runlock import RunLock
+from gpt.tracking import logger, record_failure
 from gpt.training.loop import EvalHook, StepHook, Trainer, train_step
 from gpt.training.setup import Run, build_run
 
@@ -29,15 +31,28 @@ def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | N
     `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. Always releases the
     process group and, between the jobs of a multirun, the memory."""
     started = time.time()
+    lock, stop = None, None
     try:
+        if cfg.paths.output_dir and distributed.from_env().is_main:  # one writer per run directory
+            lock = RunLock(Path(cfg.paths.output_dir).expanduser(), log=logger.warning)
+            try:
+                lock.acquire()
+            except TinyGPTError as e:
+                raise RunRefused(str(e)) from None
+        stop = StopRequest(log=logger.warning if distributed.from_env().is_main else (lambda *a: None))
+        stop.__enter__()  # a signal during set-up ends as cleanly as one in the loop
         try:
             run = build_run(cfg)
         except TinyGPTError as e:  # recorded, so that a sweep lists the run (never over a run's own record)
             if cfg.paths.output_dir and distributed.from_env().is_main:
                 record_failure(Path(cfg.paths.output_dir), str(e), overrides=list(overrides))
             raise RunRefused(str(e)) from None
-        return Trainer(run, overrides, started).fit(on_step, on_eval)
+        return Trainer(run, overrides, started).fit(on_step, on_eval, stop=stop)
     finally:
+        if stop is not None:
+            stop.__exit__(None, None, None)
+        if lock is not None:
+            lock.release()
         distributed.shutdown()
         gc.collect()
         if torch.cuda.is_available():

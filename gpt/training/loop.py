@@ -63,7 +63,7 @@ class Trainer:
         self.t_start = started or time.time()
         self.peak_flops = runtime.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
         self.lr, self.tokens_per_s = 0.0, 0.0
-        self.last_eval: dict[str, float] = {}
+        self.last_eval: dict[str, float] = dict(run.progress.last_eval)  # a resumed run's, until its next eval
         self.evals_done = 0
         self.records = RunRecords()  # fit() opens the real ones on rank 0
 
@@ -100,10 +100,15 @@ class Trainer:
         r.step_model.train()
         return out
 
-    def save(self, best: bool = False) -> Path:
+    def save(self, best: bool = False) -> Path | None:
         """A full-state checkpoint of the current step, and best.pt if `best` (rank 0 writes;
-        every rank must call)."""
+        every rank must call). Not while training is going wrong (a streak of non-finite steps
+        open, a non-finite eval loss or weight): that state is no place to resume from, and
+        retention would prune the good checkpoints for it. Returns the newest good checkpoint."""
         r = self.run
+        if not self._healthy():
+            r.log(f"notice: step {r.progress.step} not saved (non-finite loss or weights); checkpoints kept as they are")
+            return checkpoint.latest(r.out_dir)
         path = r.ckpt_dir / checkpoint.step_file(r.progress.step)
         rng = distributed.gather(runtime.rng_state(r.rt.device), r.dist)  # every rank's own
         if r.dist.is_main:
@@ -113,6 +118,14 @@ class Trainer:
             checkpoint.prune(r.out_dir, self.ts.keep_last)
         distributed.barrier(r.dist)
         return path
+
+    def _healthy(self) -> bool:
+        r = self.run
+        finite = r.progress.bad_in_a_row == 0 and all(math.isfinite(v) for v in self.last_eval.values())
+        if finite:  # the weights too: a huge learning rate can overflow them before any loss shows it
+            with torch.no_grad():
+                finite = bool(torch.stack([p.isfinite().all() for p in r.model.parameters()]).all())
+        return not distributed.any_true(not finite, r.dist, r.rt.device)  # every rank takes the same branch
 
     def checkpoint(self, rng: list[dict] | None) -> Checkpoint:
         """What a checkpoint holds, filled here and nowhere else: with the training state (and
@@ -127,6 +140,7 @@ class Trainer:
             tokenizer=r.data.tokenizer.to_dict(),
             step=p.step,
             best_val_loss=p.best_val,
+            last_eval=dict(self.last_eval),
             config=asdict(r.cfg),
             lora=r.lora if full else None,
             training=TrainingState(*state) if full else None,
@@ -165,9 +179,16 @@ class Trainer:
 
     # --- fit --------------------------------------------------------------------------------------
 
-    def fit(self, on_step: StepHook | None = None, on_eval: EvalHook | None = None) -> dict:
+    def fit(self, on_step: StepHook | None = None, on_eval: EvalHook | None = None, stop: StopRequest | None = None) -> dict:
         """Train to `train.max_iters`; returns the run's summary (what summary.json holds).
-        Raises `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint."""
+        Raises `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. `stop`: the
+        caller's signal handling, when it began before this (`train` covers set-up too)."""
+        r = self.run
+        stop = stop or StopRequest(log=logger.warning if r.dist.is_main else _quiet)
+        with stop:
+            return self._fit(stop, on_step, on_eval)
+
+    def _fit(self, stop: StopRequest, on_step: StepHook | None, on_eval: EvalHook | None) -> dict:
         r = self.run
         self._open_records()
         shown = r.dist.is_main and sys.stderr.isatty()  # no bar in log files and CI output
@@ -175,16 +196,24 @@ class Trainer:
             total=self.ts.max_iters, initial=r.progress.step, unit="step", dynamic_ncols=True, leave=False, disable=not shown
         )
         try:
-            with StopRequest(log=logger.warning if r.dist.is_main else _quiet) as stop, console_redirected(shown):
+            stop.deferred = True  # from here a signal is answered between steps, with a checkpoint
+            with console_redirected(shown):
                 stopped = self._loop(stop, bar, on_step, on_eval)
-            if not stopped and self.ts.sample_tokens and r.dist.is_main:
-                text = self.sample(self.ts.sample_tokens)
-                self.records.tb.text("sample", text, r.progress.step)
-                r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
+            stop.deferred = False  # the steps are done: a signal now skips what is left
+            if not stopped and stop.requested:  # it came during the last eval and save
+                r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
+            elif not stopped and self.ts.sample_tokens and r.dist.is_main:
+                try:
+                    text = self.sample(self.ts.sample_tokens)
+                    self.records.tb.text("sample", text, r.progress.step)
+                    r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
+                except Preempted:
+                    r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
             status = "interrupted" if stopped else "finished"
             self.records.summary.update(status=status, step=r.progress.step, wall_s=time.time() - self.t_start)
         except BaseException as e:
-            failed = not isinstance(e, KeyboardInterrupt)
+            stop.deferred = False
+            failed = not isinstance(e, (KeyboardInterrupt, Preempted))
             self.records.summary.update(
                 status="failed" if failed else "interrupted", error=str(e) if failed else None, wall_s=time.time() - self.t_start
             )
@@ -200,8 +229,13 @@ class Trainer:
     def _open_records(self) -> None:
         r = self.run
         if r.dist.is_main:
+            # From the checkpoint, not the old summary.json: a kill -9 can leave that one behind
+            # or ahead of where the run resumes.
             summary = dict(
+                step=r.progress.step,
                 best_val_loss=r.progress.best_val if math.isfinite(r.progress.best_val) else None,
+                final_val_loss=self.last_eval.get("val"),
+                tokens_seen=r.progress.step * r.tokens_per_step,
                 run_dir=str(r.out_dir),
                 params=r.model.num_params(),
                 overrides=self.overrides,
@@ -251,7 +285,7 @@ class Trainer:
     def _stop(self, stop: StopRequest) -> None:
         r = self.run
         path = self.save()
-        r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path}")
+        r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path or 'none'}")
 
     def _eval_and_save(self, step: int) -> None:
         r, ts, p = self.run, self.ts, self.run.progress
@@ -261,7 +295,7 @@ class Trainer:
         self.evals_done += 1
         self.records.eval(step, losses["train"], losses["val"], p.best_val)
         r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))
-        if r.dist.is_main:
+        if r.dist.is_main and all(math.isfinite(v) for v in losses.values()):  # a diverged model has nothing to show
             if ts.eval_sample_tokens:
                 self.records.tb.text("samples", self.sample(ts.eval_sample_tokens), step)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):

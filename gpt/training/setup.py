@@ -38,6 +38,7 @@ class Progress:
     best_val: float = math.inf
     bad_total: int = 0  # non-finite steps skipped so far
     bad_in_a_row: int = 0
+    last_eval: dict[str, float] = field(default_factory=dict)  # {"train", "val"} of the newest eval
 
 
 @dataclass
@@ -277,7 +278,7 @@ def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
         f"resuming from {path} at step {ckpt.step} (best val loss {ckpt.best_val_loss:.4f})"
         + (f"; changed: {changed}" if changed else "")
     )
-    return Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, state.bad_in_a_row)
+    return Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, state.bad_in_a_row, dict(ckpt.last_eval))
 
 
 def changed_settings(old: dict, new: dict, prefix: str = "") -> str:

@@ -90,3 +90,76 @@ def test_the_real_commands_on_damaged_files_and_a_run_whose_best_pt_is_damaged(t
     (tmp_path / "essay.txt").write_text("ROMEO: But soft, what light through yonder window breaks?\n" * 3)
     proc = run_script("eval", [f"run_dir={copy}", f"text_file={tmp_path / 'essay.txt'}"], tmp_path, root)
     assert proc.returncode == 0 and f"using {newest} instead" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_sample_ends_a_finished_run_cleanly(data_root, tmp_path):
+    """Training done and saved, the final sample under way: SIGTERM skips the sample; exit 0 and
+    summary.json says finished (it was left at running, exit 143, before)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / "train.py"), "debug=tiny", *data_overrides, f"hydra.run.dir={run_dir}"]
+    cmd += ["train.max_iters=10", "train.eval_interval=5", "train.sample_tokens=1000000", "threads=1"]
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("eval step 10"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 0, rest
+    assert "final sample skipped" in rest and "Traceback" not in rest
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["step"] == 10
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_reruns_end_with_the_uninterrupted_figures(data_root, tmp_path):
+    """kill -9 anywhere (set-up, a step, an eval, a checkpoint write, the summary write), then the
+    same command again until it finishes: the summary's figures equal an uninterrupted run's
+    (they come from the checkpoint resumed, not a summary.json the kill left behind or ahead)."""
+    import json
+    import os
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from helpers import REPO
+
+    root, data_overrides = data_root
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+
+    def command(run_dir):
+        return [sys.executable, str(REPO / "train.py"), "debug=tiny", *data_overrides, f"hydra.run.dir={run_dir}"] + [
+            "train.max_iters=60",
+            "train.eval_interval=10",
+            "train.sample_tokens=0",
+            "threads=1",
+        ]
+
+    figures = ("best_val_loss", "final_val_loss", "step", "tokens_seen", "status")
+    t0 = time.time()
+    subprocess.run(command(tmp_path / "reference"), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300)
+    duration = time.time() - t0
+    reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    rng = random.Random(9)
+    for trial in range(4):
+        run_dir = tmp_path / f"trial-{trial}"
+        for _kill in range(2):
+            proc = subprocess.Popen(command(run_dir), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.3, duration))
+            proc.kill()  # SIGKILL: no handler, no cleanup
+            proc.wait()
+        done = subprocess.run(command(run_dir), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert {k: summary.get(k) for k in figures} == {k: reference[k] for k in figures}, trial

@@ -275,3 +275,76 @@ def test_rerunning_a_finished_run_keeps_its_record(tmp_path, data_root):
     for key in ("best_val_loss", "final_val_loss", "step", "tokens_seen", "run_dir"):
         assert again[key] == first[key], key
     assert again["status"] == "finished" and json.loads((tmp_path / "summary.json").read_text()) == again
+
+
+def test_an_eval_inside_a_bad_streak_saves_nothing_and_prunes_nothing(tmp_path, data_root, monkeypatch, caplog):
+    """Non-finite steps from 13 on, an eval at 20 inside the streak: no ckpt-20 (it would have
+    pruned the good ones under keep_last), and the checkpoint the error names loads, finite."""
+    root, data_overrides = data_root
+    _poison(monkeypatch, set(range(13, 1000)))
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    cfg = compose(
+        [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_bad_steps=12", "train.keep_last=1"], tmp_path
+    )
+    with pytest.raises(TinyGPTError, match=r"diverged: 12 non-finite steps in a row at step 24.*ckpt-0000010\.pt"):
+        train(cfg)
+    assert "step 20 not saved (non-finite loss or weights)" in caplog.text
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path)).model.values())
+
+
+def test_a_learning_rate_that_blows_the_weights_up_leaves_the_good_checkpoints(tmp_path, data_root, caplog):
+    """Resumed with a learning rate of 1e30 and evals every 2 steps: the weights overflow, and
+    no eval saves them; the checkpoint named as last good is the one the run resumed from."""
+    root, data_overrides = data_root
+    base = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=10"]
+    train(compose(base, tmp_path))
+    good = checkpoint.load(checkpoint.latest(tmp_path))
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    wild = [*base, "train.max_iters=30", "train.eval_interval=2", "optim.lr=1e30", "optim.muon_lr=1e30", "train.max_bad_steps=4"]
+    with pytest.raises(TinyGPTError, match=r"diverged.*the last good checkpoint is .*ckpt-0000010\.pt"):
+        train(compose(wild, tmp_path))
+    assert "not saved (non-finite loss or weights)" in caplog.text
+    kept = checkpoint.step_checkpoints(tmp_path)
+    assert [p.name for p in kept] == ["ckpt-0000010.pt"]
+    again = checkpoint.load(kept[0])
+    assert all(torch.equal(again.model[k], v) for k, v in good.model.items())
+
+
+def test_a_resumed_run_reports_the_figures_its_checkpoint_holds(tmp_path, data_root):
+    """summary.json may be ahead of the checkpoint a run resumes from (a kill -9 after the eval's
+    summary, before its checkpoint) or gone: the figures come from the checkpoint."""
+    root, data_overrides = data_root
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
+    first = train(compose(overrides, tmp_path))
+    (tmp_path / "summary.json").unlink()
+    again = train(compose(overrides, tmp_path))
+    for key in ("best_val_loss", "final_val_loss", "step", "tokens_seen"):
+        assert again[key] == first[key], key
+
+
+def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_path, data_root, monkeypatch):
+    """SIGTERM while the run is being built (data preparation, model): no step to finish, nothing
+    unsaved: `Preempted` at once (the command exits 0 with its resume line), the earlier summary
+    and checkpoints as they were."""
+    import os
+    import signal
+
+    import gpt.training as training
+    from gpt.preemption import Preempted
+
+    root, data_overrides = data_root
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
+    train(compose(overrides, tmp_path))
+    before = {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *checkpoint.step_checkpoints(tmp_path)]}
+    real = training.build_run
+
+    def build_run_then_sigterm(cfg):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(cfg)
+
+    monkeypatch.setattr(training, "build_run", build_run_then_sigterm)
+    with pytest.raises(Preempted, match="SIGTERM received outside the training loop"):
+        train(compose([*overrides, "train.max_iters=20"], tmp_path))
+    assert {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *checkpoint.step_checkpoints(tmp_path)]} == before
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))

@@ -1,0 +1,117 @@
+"""One writer per run directory: `<run>/.lock` names the training process that owns the run.
+
+Two trainings into one directory would interleave their metrics and overwrite each other's
+checkpoints without a word, so the second is refused. A lock whose owner is gone (kill -9, a
+crash, a reboot) is taken over: on the owner's host, when its pid no longer runs (or runs a
+newer process that reused the pid); from another host, when the run's summary.json has had no
+heartbeat for `STALE_AFTER` seconds. Under torchrun only rank 0 holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from gpt.errors import TinyGPTError
+from gpt.tracking import STALE_AFTER
+
+LOCK = ".lock"
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (Linux: clock ticks since boot), to tell it from a later
+    process that got the same pid; None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(owner: dict) -> bool:
+    pid = owner.get("pid")
+    if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or os.name != "posix":
+        return True  # not ours to probe: the heartbeat decides (see _stale)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return owner.get("started") is None or _started(pid) in (None, owner["started"])
+
+
+def _stale(run_dir: Path, owner: dict) -> bool:
+    if not _alive(owner):
+        return True
+    if owner.get("host") == socket.gethostname():
+        return False
+    try:
+        beat = json.loads((run_dir / "summary.json").read_text()).get("heartbeat")
+    except (OSError, ValueError, AttributeError):
+        beat = None
+    since = beat if isinstance(beat, (int, float)) else owner.get("time", 0)
+    return time.time() - since > STALE_AFTER
+
+
+def owner_of(run_dir: Path) -> dict | None:
+    """Who holds the run now: the lock's record if its owner is alive, else None."""
+    try:
+        owner = json.loads((Path(run_dir) / LOCK).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(owner, dict) or _stale(Path(run_dir), owner):
+        return None
+    return owner
+
+
+def _refusal(run_dir: Path, owner: dict) -> TinyGPTError:
+    return TinyGPTError(
+        f"{run_dir} is being trained by process {owner.get('pid')} on {owner.get('host')}; wait for it to end or "
+        f"train into another directory (if that process is gone for good, delete {Path(run_dir) / LOCK})"
+    )
+
+
+def check(run_dir: Path) -> None:
+    """Refuse now, before anything is written, if another live process trains in `run_dir`."""
+    owner = owner_of(run_dir)
+    if owner is not None and owner.get("pid") != os.getpid():
+        raise _refusal(run_dir, owner)
+
+
+class RunLock:
+    def __init__(self, run_dir: Path, log=print):
+        self.path, self.run_dir, self.log, self.held = Path(run_dir) / LOCK, Path(run_dir), log, False
+
+    def acquire(self) -> RunLock:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid()), "time": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = owner_of(self.run_dir)
+                if owner is not None:
+                    raise _refusal(self.run_dir, owner) from None
+                self.log(f"notice: taking over {self.path} from a process that is gone")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+            self.held = True
+            return self
+        raise _refusal(self.run_dir, owner_of(self.run_dir) or {})
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
