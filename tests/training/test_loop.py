@@ -348,3 +348,28 @@ def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_p
         train(compose([*overrides, "train.max_iters=20"], tmp_path))
     assert {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *checkpoint.step_checkpoints(tmp_path)]} == before
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(tmp_path, data_root, monkeypatch):
+    """The disk fills while ckpt-20 is written (the write patched to fail as a full disk does; a
+    300 kB tmpfs gives the same, see the README): one TinyGPTError, ckpt-10 intact and loadable,
+    no temporary left."""
+    import errno
+    import os
+
+    from gpt import loading
+
+    root, data_overrides = data_root
+    real = torch.save
+
+    def save(obj, f):
+        if str(getattr(f, "name", "")).split("/")[-1].startswith("ckpt-0000020.pt"):
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(obj, f)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(TinyGPTError, match=r"ckpt-0000020\.pt \(No space left on device\); the previous one is kept"):
+        train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"], tmp_path))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("ckpt")] == ["ckpt-0000010.pt"]
+    assert loading.resumable(tmp_path / "checkpoints" / "ckpt-0000010.pt").step == 10
