@@ -129,7 +129,9 @@ def resumable(path: Path) -> Checkpoint:
 
 def newest_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest step checkpoint of `run_dir` that `resumable` accepts, and the newer ones it
-    refused with the reason for each (for the caller to set aside and say so)."""
+    refused with the reason for each (for the caller to set aside and say so); (None, []) for a
+    run without checkpoints. A run whose checkpoints all fail is refused: starting afresh there
+    would overwrite or prune them."""
     refused = []
     for path in reversed(checkpoint.step_checkpoints(run_dir)):
         try:
@@ -137,6 +139,11 @@ def newest_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]
             return path, refused
         except TinyGPTError as e:
             refused.append((path, str(e)))
+    if refused:
+        raise TinyGPTError(
+            f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
+            f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
+        )
     return None, refused
 
 

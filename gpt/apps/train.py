@@ -90,13 +90,7 @@ def _resume_point(settings: RunConfig, run_dir: Path | None):
             return loading.resumable(source)
         return ckpt
     if resume == checkpoint.AUTO and run_dir is not None and checkpoint.step_checkpoints(run_dir):
-        source, refused = loading.newest_resumable(run_dir)
-        if source is None:
-            raise TinyGPTError(
-                f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
-                f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
-            )
-        return loading.resumable(source)
+        return loading.resumable(loading.newest_resumable(run_dir)[0])
     return None
 
 

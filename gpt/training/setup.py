@@ -153,11 +153,6 @@ def _newest_resumable(run_dir: Path, log) -> Path | None:
     a full disk, damaged on the way) are set aside as <name>.damaged, saying so. None when the
     run has no checkpoint; refused when it has some and none of them loads."""
     source, refused = loading.newest_resumable(run_dir)
-    if refused and source is None:
-        raise TinyGPTError(
-            f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
-            f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
-        )
     for path, reason in refused:
         aside = checkpoint.set_aside(path)
         log(f"notice: {reason}; set aside as {aside.name}, resuming from {source.name}")
