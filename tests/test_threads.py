@@ -102,3 +102,21 @@ def test_counters_cover_our_cores_only_and_count_guest_time_once(tmp_path, monke
     monkeypatch.setattr(threads, "_PROC_STAT", str(stat))
     assert threads._cpu_counters(None) == (900.0, 1200.0)
     assert threads._cpu_counters({0, 2}) == (500.0, 800.0)  # a busy cpu1 outside our mask is not ours to count
+
+
+def test_torch_is_only_told_a_count_that_changes(machine, monkeypatch):
+    """torch.set_num_threads, once called, makes every parallel region wake its threads through
+    the kernel (26x the futex calls of a forward pass): never call it with the count torch has."""
+    calls = []
+    current = {"n": 4}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: current["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), current.update(n=n)))
+    governor = threads.ThreadGovernor(torch.device("cpu"))  # 4 free cores, torch already at 4
+    for _ in range(3):
+        machine["advance"](busy_cores=0)
+        governor.observe()
+    threads.ThreadGovernor(torch.device("cpu"), requested=4)
+    assert calls == []
+    machine["others"] = 2
+    threads.ThreadGovernor(torch.device("cpu"))
+    assert calls == [2]
