@@ -403,6 +403,7 @@ class EvalConfig(ModelChoice):
     text_file: str | None = None  # a text file to score; else a split of the model's data (or data=...)
     split: str = "val"  # train | val
     max_tokens: int | None = None  # score at most this many tokens
+    stride: int | None = None  # sliding-window step: each target gets >= block_size - stride tokens of context; null: block_size
     batch_size: int = 16
     device: str = "auto"
     threads: int | None = None  # CPU threads; null: the free cores
@@ -410,7 +411,7 @@ class EvalConfig(ModelChoice):
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        _at_least(self, "", 1, ("max_tokens", "batch_size", "threads"))
+        _at_least(self, "", 1, ("max_tokens", "stride", "batch_size", "threads"))
         if self.split not in ("train", "val"):
             raise TinyGPTError(f"split={self.split!r}: use train or val")
 

@@ -1,8 +1,13 @@
 """Loss, perplexity and bits per byte of a model on a token sequence (`tinygpt eval`).
 
-Every token is scored once: the text is cut into consecutive windows of block_size + 1 tokens
-(the first token of each window is context only). Bits per byte = total loss / ln 2 / the UTF-8
-bytes of the scored text, which compares models with different tokenizers.
+Every token after the first is scored exactly once, the last partial window included, with a
+sliding window (the Hugging Face recipe): windows of up to block_size tokens start every
+`stride` tokens, and each scores only the targets no earlier window scored, so each of those is
+predicted with at least block_size - stride tokens of context it does not score. stride =
+block_size (the default) gives back-to-back windows: fastest, least context for each window's
+first targets; a smaller stride costs block_size / stride times the compute. Bits per byte =
+total loss / ln 2 / the UTF-8 bytes of the scored text, which compares models with different
+tokenizers.
 """
 
 from __future__ import annotations
@@ -27,25 +32,50 @@ def token_bytes(tokenizer, ids) -> int:
     return sum(len(tokenizer.decode([i]).encode("utf-8")) for i in ids if i != eot)
 
 
+def windows(n_tokens: int, block: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, first scored) per window over n_tokens tokens: inputs tokens[begin:end]
+    predict tokens[begin + 1:end + 1], and targets from `first scored` on count. Target j (the
+    token j + 1) is scored by exactly one window."""
+    n_targets = n_tokens - 1
+    out, scored, begin = [], 0, 0
+    while scored < n_targets:
+        end = min(begin + block, n_targets)
+        out.append((begin, end, scored))
+        scored, begin = end, begin + stride
+    return out
+
+
 @torch.no_grad()
-def evaluate_tokens(model, tokens: np.ndarray, tokenizer, device, batch_size: int = 16, max_tokens: int | None = None) -> dict:
+def evaluate_tokens(
+    model, tokens: np.ndarray, tokenizer, device, batch_size: int = 16, max_tokens: int | None = None, stride: int | None = None
+) -> dict:
     block = model.config.block_size
+    stride = stride or block
+    if not 1 <= stride <= block:
+        raise TinyGPTError(f"stride={stride}: use 1..block_size ({block}); smaller strides give each target more context")
     tokens = np.asarray(tokens[: max_tokens + 1] if max_tokens else tokens)
-    n_windows = (len(tokens) - 1) // block
-    if n_windows < 1:
-        raise TinyGPTError(f"the text has {len(tokens)} tokens; evaluating needs more than block_size={block}")
+    if len(tokens) < 2:
+        raise TinyGPTError(f"the text has {len(tokens)} token(s); scoring needs at least 2 (one to predict from, one to predict)")
     model.eval()
     total_loss, total_tokens, total_bytes = 0.0, 0, 0
-    for start in range(0, n_windows, batch_size):
-        rows = range(start, min(start + batch_size, n_windows))
-        windows = np.stack([tokens[r * block : r * block + block + 1] for r in rows]).astype(np.int64)
-        x = torch.from_numpy(windows[:, :-1]).to(device)
-        y = torch.from_numpy(windows[:, 1:]).to(device)
-        logits, _ = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
-        total_loss += loss.item()
-        total_tokens += y.numel()
-        total_bytes += token_bytes(tokenizer, windows[:, 1:].ravel().tolist())
+    spans = windows(len(tokens), block, stride)
+    by_length: dict[int, list[tuple[int, int, int]]] = {}
+    for span in spans:  # only the last window can be shorter: batch windows of one length together
+        by_length.setdefault(span[1] - span[0], []).append(span)
+    for length, group in by_length.items():
+        for start in range(0, len(group), batch_size):
+            rows = group[start : start + batch_size]
+            chunk = np.stack([tokens[b : e + 1] for b, e, _ in rows]).astype(np.int64)
+            x = torch.from_numpy(chunk[:, :-1]).to(device)
+            y = torch.from_numpy(chunk[:, 1:]).to(device)
+            logits, _ = model(x)
+            losses = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none"
+            ).view(len(rows), length)
+            for r, (b, e, first) in enumerate(rows):
+                total_loss += losses[r, first - b :].sum().item()
+                total_tokens += e - first
+                total_bytes += token_bytes(tokenizer, tokens[first + 1 : e + 1].tolist())
     mean = total_loss / total_tokens
     return {
         "tokens": total_tokens,
@@ -53,6 +83,7 @@ def evaluate_tokens(model, tokens: np.ndarray, tokenizer, device, batch_size: in
         "loss": mean,
         "perplexity": math.exp(mean),
         "bits_per_byte": total_loss / math.log(2) / max(total_bytes, 1),
+        "stride": stride,
     }
 
 

@@ -41,9 +41,9 @@ def evaluate(s: EvalConfig) -> dict:
         tokens, source = np.array(tokenizer.encode(read_text(path, "text_file")), dtype=np.int64), str(path)
     else:
         tokens, source = _split_tokens(s, loaded)
-    r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens)
+    r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
     print(
-        f"{loaded.source} on {source}: {r['tokens']:,} tokens ({r['bytes']:,} bytes): loss {r['loss']:.4f}, "
+        f"{loaded.source} on {source}: {r['tokens']:,} tokens scored ({r['bytes']:,} bytes, stride {r['stride']}): loss {r['loss']:.4f}, "
         f"perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
     )
     return r
