@@ -8,6 +8,7 @@ and nothing unsaved: the signal stops at once, as `Preempted`, which ends the sa
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -24,11 +25,16 @@ class StopRequest:
         self.deferred = False  # True while a loop polls `requested` between its steps
         self._log = log
         self._previous: dict[int, object] = {}
+        self._pid = os.getpid()
 
     def request(self, reason: str) -> None:
         self.requested, self.reason = True, reason
 
     def _handle(self, signum, frame) -> None:
+        if os.getpid() != self._pid:  # a forked child (a data-preparation worker): not ours to stop cleanly
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: the user means it

@@ -21,6 +21,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 import zlib
@@ -103,6 +104,9 @@ _worker_tokenizer: Tokenizer | None = None
 
 def _init_worker(tok_dict: dict) -> None:
     global _worker_tokenizer
+    # A forked worker inherits the trainer's signal handlers: the pool ends its workers with
+    # SIGTERM, which must end them (not raise a clean-stop exception in them: the pool then hangs).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker_tokenizer = tokenizer_from_dict(tok_dict)
 
 

@@ -209,6 +209,8 @@ class Trainer:
                     r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
                 except Preempted:
                     r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
+                except TinyGPTError as e:  # a diverged model has nothing to show; the run itself is done
+                    r.log(f"notice: no final sample: {e}")
             status = "interrupted" if stopped else "finished"
             self.records.summary.update(status=status, step=r.progress.step, wall_s=time.time() - self.t_start)
         except BaseException as e:
