@@ -35,6 +35,11 @@ def check_types(obj, section: str) -> None:
     hints = typing.get_type_hints(type(obj))
     for f in fields(obj):
         value, hint = getattr(obj, f.name), hints[f.name]
+        if typing.get_origin(hint) is list:  # list[str]: a list of such items
+            (item,) = typing.get_args(hint)
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, item) for v in value):
+                raise TinyGPTError(f"{_key(section, f.name)} must be a list of {_NAMES[item]}s, e.g. [a, b]; got {value!r}")
+            continue
         allowed = typing.get_args(hint) or (hint,)  # `int | None` -> (int, NoneType)
         if hint is Any or any(t not in _NAMES and t is not type(None) for t in allowed):
             continue  # free-form, or a nested settings class (checked by its own __post_init__)
@@ -179,6 +184,8 @@ class TrainSettings:
     eval_sample_tokens: int = 100  # a short sample at every eval, in TensorBoard's Text tab (0: none)
     histogram_every: int = 0  # weight/gradient histograms every N evals (0: never)
     attention_every: int = 0  # attention-map images every N evals (0: never; GPT only)
+    eval_tasks: list[str] = field(default_factory=list)  # zero-shot tasks scored at every eval, e.g. [hellaswag]
+    eval_task_limit: int = 200  # items of each task scored at an eval (the first ones)
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -195,8 +202,13 @@ class TrainSettings:
                 "log_interval",
                 "keep_last",
                 "max_bad_steps",
+                "eval_task_limit",
             ),
         )
+        from gpt.tasks import task_of  # the tasks module builds on these settings
+
+        for name in self.eval_tasks:
+            task_of(name)
         if self.grad_clip < 0:
             raise TinyGPTError(f"train.grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
         _at_least(
@@ -397,6 +409,20 @@ class SampleConfig(SamplingSettings, ModelChoice):
 
 
 @dataclass
+class TaskSettings:
+    """A zero-shot task (`tinygpt eval task=<name>`; the tasks and their default sources: gpt/tasks.py)."""
+
+    name: str = MISSING  # hellaswag | lambada | arc_easy | arc_challenge
+    path: str | None = None  # its items: a .jsonl/.parquet file, folder or glob, or a save_to_disk folder;
+    # null: <data root>/tasks/<name>.jsonl when there, else the task's Hub dataset
+    limit: int | None = None  # score the first this many items; null: all
+
+    def __post_init__(self) -> None:
+        check_types(self, "task")
+        _at_least(self, "task", 1, ("limit",))
+
+
+@dataclass
 class EvalConfig(ModelChoice):
     """`tinygpt eval`: loss, perplexity and bits per byte on a text file or a data split."""
 
@@ -408,12 +434,15 @@ class EvalConfig(ModelChoice):
     device: str = "auto"
     threads: int | None = None  # CPU threads; null: the free cores
     data: DataSettings | None = None  # another prepared dataset (data=<name>); null: the model's own
+    task: TaskSettings | None = None  # a zero-shot task (task=<name>) instead of perplexity
 
     def __post_init__(self) -> None:
         check_types(self, "")
         _at_least(self, "", 1, ("max_tokens", "stride", "batch_size", "threads"))
         if self.split not in ("train", "val"):
             raise TinyGPTError(f"split={self.split!r}: use train or val")
+        if self.task is not None and (self.text_file or self.data is not None):
+            raise TinyGPTError("task= scores a zero-shot task, text_file=/data= a text's perplexity: pass one of them")
 
 
 @dataclass

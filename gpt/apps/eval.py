@@ -5,6 +5,8 @@
     tinygpt eval ckpt=outputs/runs/<stamp>/checkpoints/best.pt data=shakespeare   # another dataset
     tinygpt eval init_from=gpt2 text_file=essay.txt
     tinygpt eval paths.runs_dir=elsewhere                          # the newest run under another folder
+    tinygpt eval init_from=gpt2 task=hellaswag                     # zero-shot: hellaswag | lambada | arc_easy | arc_challenge
+    tinygpt eval task=arc_easy task.limit=500 task.path=ARC-Easy-Test.jsonl
 
 Settings and defaults: gpt/config.py (EvalConfig).
 """
@@ -34,6 +36,8 @@ def evaluate(s: EvalConfig) -> dict:
     rt = runtime.setup(s.device, "auto", False, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     tokenizer = loaded.tokenizer()
+    if s.task is not None:
+        return _task(s, loaded, tokenizer, rt.device)
     if s.text_file:
         path = Path(s.text_file).expanduser()
         if not path.is_file():
@@ -46,6 +50,16 @@ def evaluate(s: EvalConfig) -> dict:
         f"{loaded.source} on {source}: {r['tokens']:,} tokens scored ({r['bytes']:,} bytes, stride {r['stride']}): loss {r['loss']:.4f}, "
         f"perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
     )
+    return r
+
+
+def _task(s: EvalConfig, loaded, tokenizer, device) -> dict:
+    from gpt.tasks import evaluate_task, examples
+
+    items = examples(s.task, s.paths.data_root())
+    r = evaluate_task(loaded.model.to(device), tokenizer, s.task.name, items, device, s.batch_size)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in r.items() if k not in ("task", "items"))
+    print(f"{loaded.source} on {s.task.name} ({r['items']:,} items): {shown}")
     return r
 
 

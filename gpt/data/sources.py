@@ -117,6 +117,11 @@ def _datasets():
 
 
 def _hub(src: SourceSettings) -> tuple[Iterator[str], int | None]:
+    ds, where = _hub_dataset(src)
+    return _texts(ds, src.text_field, where), None if src.streaming else len(ds)
+
+
+def _hub_dataset(src: SourceSettings):
     datasets = _datasets()
     name, config, split = src.path, src.config, src.split
     where = f"Hub dataset {name}" + (f" ({config})" if config else "") + f" split {split}"
@@ -135,10 +140,15 @@ def _hub(src: SourceSettings) -> tuple[Iterator[str], int | None]:
                 f"data.source.kind=local at its files"
             ) from None
         raise TinyGPTError(f"cannot load {where}: {str(e).splitlines()[0]}") from None
-    return _texts(ds, src.text_field, where), None if src.streaming else len(ds)
+    return ds, where
 
 
 def _disk(src: SourceSettings) -> tuple[Iterator[str], int | None]:
+    ds = _disk_dataset(src)
+    return _texts(ds, src.text_field, str(src.path)), len(ds)
+
+
+def _disk_dataset(src: SourceSettings):
     datasets = _datasets()
     path = Path(src.path).expanduser()
     try:
@@ -150,7 +160,7 @@ def _disk(src: SourceSettings) -> tuple[Iterator[str], int | None]:
         if split not in ds:
             raise TinyGPTError(f"{path} has splits {', '.join(ds)}, not {split!r}; set data.source.split")
         ds = ds[split]
-    return _texts(ds, src.text_field, str(path)), len(ds)
+    return ds
 
 
 def local_files(pattern: str) -> list[Path]:
@@ -173,6 +183,19 @@ def local_files(pattern: str) -> list[Path]:
 
 
 def _local(src: SourceSettings, files: list[Path], cache: Path) -> tuple[Iterator[str], int | None]:
+    ds, builder = _local_dataset(src, files, cache)
+    total = None
+    if builder == "text" and src.doc_unit == "file":
+        total = len(files)
+    elif builder == "parquet":
+        import pyarrow.parquet as pq
+
+        total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    field = "text" if builder == "text" else src.text_field
+    return _read_local(_texts(ds, field, str(src.path)), src, builder), total
+
+
+def _local_dataset(src: SourceSettings, files: list[Path], cache: Path):
     datasets = _datasets()
     builders = {LOCAL_SUFFIXES[p.suffix] for p in files}
     if len(builders) > 1:
@@ -187,27 +210,19 @@ def _local(src: SourceSettings, files: list[Path], cache: Path) -> tuple[Iterato
             raise TinyGPTError(f"data.source.doc_unit={unit!r}: use file, line or paragraph for text files")
         kwargs["sample_by"] = {"file": "document", "line": "line", "paragraph": "paragraph"}[unit]
         kwargs["keep_linebreaks"] = True  # a line's newline is part of the text (char models have no end-of-text)
-    field = "text" if builder == "text" else src.text_field
     try:
         ds = datasets.load_dataset(
             builder, data_files=[str(p) for p in files], split="train", streaming=True, cache_dir=str(cache), **kwargs
         )
     except Exception as e:  # datasets wraps parse errors of malformed files in its own types
         raise _unreadable(src, builder, e) from None
-    total = None
-    if builder == "text" and unit == "file":
-        total = len(files)
-    elif builder == "parquet":
-        import pyarrow.parquet as pq
-
-        total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-    return _read_local(_texts(ds, field, str(src.path)), src, builder), total
+    return ds, builder
 
 
-def _read_local(texts: Iterator[str], src: SourceSettings, builder: str) -> Iterator[str]:
+def _read_local(items: Iterator, src: SourceSettings, builder: str) -> Iterator:
     """Streamed files are parsed as they are read: a malformed line shows up here, not at load."""
     try:
-        yield from texts
+        yield from items
     except TinyGPTError:
         raise
     except Exception as e:
@@ -218,6 +233,36 @@ def _unreadable(src: SourceSettings, builder: str, e: Exception) -> TinyGPTError
     cause = e.__cause__ or e  # datasets wraps parse errors of malformed files in its own types
     detail = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
     return TinyGPTError(f"cannot read {src.path} as {builder} files: {detail}")
+
+
+def records(src: SourceSettings, data_root: Path, log=print) -> Iterator[dict]:
+    """The source's records as dicts, for sources of labelled items (evaluation tasks) rather
+    than documents: Hub and save_to_disk rows, local .jsonl/.parquet records (a local text file
+    gives {"text": ...} per data.source.doc_unit), a downloaded .jsonl file."""
+    check(src)
+    if src.kind == "hub":
+        return iter(_hub_dataset(src)[0])
+    if src.kind == "disk":
+        return iter(_disk_dataset(src))
+    if src.kind == "local":
+        ds, builder = _local_dataset(src, local_files(str(src.path)), data_root / ".datasets-cache")
+        return _read_local(iter(ds), src, builder)
+    path = ensure_file(src.url, data_root / src.filename, src.sha256, log=log)
+    if path.suffix != ".jsonl":
+        raise TinyGPTError(f"{path}: records are read from .jsonl files; download a .jsonl or use data.source.kind=hub")
+    return _jsonl(path)
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TinyGPTError(f"{path} line {number} is not JSON ({e.msg}); is it a .jsonl file?") from None
 
 
 # kind -> (how to open it, the settings it needs); a new source is an entry here (and its

@@ -38,3 +38,45 @@ def test_eval_refuses_a_missing_text_file(tmp_path, trained_run, data_root):
         run_script("eval", [f"run_dir={run_dir}", f"text_file={tmp_path / 'nope.txt'}"], tmp_path, root),
         "nope.txt does not exist",
     )
+
+
+def test_eval_scores_a_zero_shot_task_on_a_char_model(tmp_path, trained_run, data_root):
+    """The CLI as a user types it: a char model (Tiny Shakespeare's alphabet) on ARC items in the
+    Hub's format; a task name that does not exist, text outside the vocabulary, and a task
+    combined with a text file are one-line errors."""
+    import json
+
+    _, run_dir, _ = trained_run
+    root, _ = data_root
+    items = tmp_path / "arc.jsonl"
+    rows = [
+        {
+            "id": "1",
+            "question": "Which is a bird?",
+            "choices": {"text": ["crow", "stone"], "label": ["A", "B"]},
+            "answerKey": "A",
+        },
+        {
+            "id": "2",
+            "question": "What falls?",
+            "choices": {"text": ["rain", "up", "sky"], "label": ["A", "B", "C"]},
+            "answerKey": "A",
+        },
+    ]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = [f"task.path={items}"]
+    proc = run_script("eval", [f"run_dir={run_dir}", "task=arc_easy", *source], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    assert "on arc_easy (2 items): acc " in line and ", acc_norm " in line
+    assert float(line.split("acc ")[1].split(",")[0]) in (0.0, 0.5, 1.0)
+    assert_one_line_error(run_script("eval", [f"run_dir={run_dir}", "task=hellaswa"], tmp_path, root), "hellaswa", "hellaswag")
+    rows[0]["question"] = "Which is a bird? 鳥"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert_one_line_error(
+        run_script("eval", [f"run_dir={run_dir}", "task=arc_easy", *source], tmp_path, root),
+        "task arc_easy item 1: text has characters outside this char-level vocabulary: '鳥'",
+    )
+    assert_one_line_error(
+        run_script("eval", [f"run_dir={run_dir}", "task=arc_easy", f"text_file={items}"], tmp_path, root), "pass one of them"
+    )

@@ -1,0 +1,195 @@
+"""Zero-shot tasks scored as the published GPT-2/GPT-3 numbers are (`tinygpt eval task=...`).
+
+Multiple choice (HellaSwag, ARC): the model scores each choice as a continuation of the context;
+`acc` picks the highest total log-likelihood, `acc_norm` the highest per character of the
+choice (lm-evaluation-harness's acc_norm, comparable across tokenizers; longer endings are not
+penalised for their length). Cloze (LAMBADA): the last word of a passage is the continuation;
+`acc` is whether greedy decoding gives exactly it, `perplexity` is exp(-mean log-likelihood of
+it). Prompts follow lm-evaluation-harness, so figures are comparable with its tables.
+
+A task's items come from, in order: `task.path` when set; a local copy at
+<data root>/tasks/<name>.jsonl (the task's official or Hub format); its Hub dataset (cached by
+the datasets library after the first download).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt.config import SourceSettings, TaskSettings
+from gpt.errors import TinyGPTError
+from gpt.scoring import score
+
+
+@dataclass(frozen=True)
+class Example:
+    context: str
+    choices: tuple[str, ...]  # continuations of the context; a cloze item has one
+    gold: int  # index of the right choice
+
+
+def _hellaswag_text(text: str) -> str:
+    # WikiHow items carry bracketed section markers ("[title]", "[step]"): the harness's clean-up
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+
+def _hellaswag(record: dict) -> Example:
+    if "endings" in record and record.get("label") in (None, ""):
+        raise TinyGPTError("HellaSwag items without a label (the test split): use the validation split")
+    context = _hellaswag_text(f"{record['activity_label']}: {record['ctx_a']} {record['ctx_b'].capitalize()}")
+    return Example(context, tuple(" " + _hellaswag_text(e) for e in record["endings"]), int(record["label"]))
+
+
+def _arc(record: dict) -> Example:
+    question = record["question"]
+    if isinstance(question, dict):  # AI2's own jsonl: {"stem", "choices": [{"text", "label"}]}
+        texts = [c["text"] for c in question["choices"]]
+        labels = [c["label"] for c in question["choices"]]
+        question = question["stem"]
+    else:  # the Hub's: question, choices {"text": [...], "label": [...]}
+        texts, labels = record["choices"]["text"], record["choices"]["label"]
+    if record["answerKey"] not in labels:
+        raise TinyGPTError(f"ARC item {record.get('id')}: answerKey {record['answerKey']!r} is not among {labels}")
+    return Example(f"Question: {question}\nAnswer:", tuple(f" {t}" for t in texts), labels.index(record["answerKey"]))
+
+
+def _lambada(record: dict) -> Example:
+    context, _, word = record["text"].rpartition(" ")
+    if not context:
+        raise TinyGPTError(f"LAMBADA passage {record['text'][:40]!r} has no space before its last word")
+    return Example(context, (" " + word,), 0)
+
+
+@dataclass(frozen=True)
+class Task:
+    parse: Callable[[dict], Example]
+    cloze: bool  # one continuation, scored by greedy match and perplexity
+    source: dict  # where its items come from by default (gpt.config.SourceSettings fields)
+    official: str  # the file name of the official copy, for the offline hint
+
+
+TASKS = {
+    "hellaswag": Task(
+        _hellaswag,
+        False,
+        dict(kind="hub", path="Rowan/hellaswag", split="validation"),
+        "hellaswag_val.jsonl (github.com/rowanz/hellaswag)",
+    ),
+    "lambada": Task(
+        _lambada,
+        True,
+        dict(kind="hub", path="EleutherAI/lambada_openai", config="default", split="test"),
+        "lambada_test.jsonl (OpenAI's)",
+    ),
+    "arc_easy": Task(
+        _arc,
+        False,
+        dict(kind="hub", path="allenai/ai2_arc", config="ARC-Easy", split="test"),
+        "ARC-Easy-Test.jsonl (allenai.org)",
+    ),
+    "arc_challenge": Task(
+        _arc,
+        False,
+        dict(kind="hub", path="allenai/ai2_arc", config="ARC-Challenge", split="test"),
+        "ARC-Challenge-Test.jsonl (allenai.org)",
+    ),
+}
+
+
+def task_of(name: str) -> Task:
+    if name not in TASKS:
+        raise TinyGPTError(f"task={name!r} is unknown; use one of {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def source_of(settings: TaskSettings, data_root: Path) -> SourceSettings:
+    """Where the task's items come from: task.path, else a local copy, else the Hub."""
+    path = Path(settings.path).expanduser() if settings.path else local_copy(settings.name, data_root)
+    if settings.path is None and not path.is_file():
+        return SourceSettings(**task_of(settings.name).source)
+    if path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
+        return SourceSettings(kind="disk", path=str(path), split=task_of(settings.name).source["split"])
+    return SourceSettings(kind="local", path=str(path))
+
+
+def local_copy(name: str, data_root: Path) -> Path:
+    return Path(data_root) / "tasks" / f"{name}.jsonl"
+
+
+def examples(settings: TaskSettings, data_root: Path) -> list[Example]:
+    """The task's items, the first `limit` of them, parsed."""
+    from gpt.data.sources import records
+
+    task = task_of(settings.name)
+    src = source_of(settings, data_root)
+    try:
+        items = _parsed(settings.name, task, records(src, data_root))
+        out = list(itertools.islice(items, settings.limit))
+    except TinyGPTError as e:
+        message = str(e).replace("data.source.path", "task.path")  # the source module speaks of data sources
+        if src.kind == "hub":
+            message += (
+                f"; or put the task's items ({task.official}) at {local_copy(settings.name, data_root)} or pass task.path=<file>"
+            )
+        raise TinyGPTError(f"task {settings.name}: {message}") from None
+    if not out:
+        raise TinyGPTError(f"task {settings.name}: {src.path} holds no items")
+    return out
+
+
+def _parsed(name: str, task: Task, items: Iterable[dict]) -> Iterator[Example]:
+    for number, record in enumerate(items, 1):
+        try:
+            yield task.parse(record)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+            raise TinyGPTError(f"item {number} is not a {name} item ({type(e).__name__}: {e}; its fields: {fields})") from None
+
+
+def evaluate_task(model, tokenizer, name: str, items: list[Example], device, batch_size: int = 16) -> dict:
+    """Accuracy (both normalisations, or greedy match and perplexity for a cloze task) over the items."""
+    task = task_of(name)
+    requests, owners = [], []
+    for number, item in enumerate(items):
+        context = _encode(tokenizer, item.context, name, number) or _start(tokenizer, name)
+        for choice in item.choices:
+            requests.append((context, _encode(tokenizer, choice, name, number)))
+            owners.append(number)
+    scores = score(model, requests, device, batch_size)
+    per_item: list[list] = [[] for _ in items]
+    for owner, s in zip(owners, scores):
+        per_item[owner].append(s)
+    result = {"task": name, "items": len(items)}
+    if task.cloze:
+        result["acc"] = sum(s[0].greedy for s in per_item) / len(items)
+        result["perplexity"] = math.exp(-sum(s[0].logprob for s in per_item) / len(items))
+        return result
+    right = right_norm = 0
+    for item, item_scores in zip(items, per_item):
+        right += _best([s.logprob for s in item_scores]) == item.gold
+        right_norm += _best([s.logprob / len(c) for s, c in zip(item_scores, item.choices)]) == item.gold
+    result["acc"], result["acc_norm"] = right / len(items), right_norm / len(items)
+    return result
+
+
+def _best(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)  # the first of equal scores
+
+
+def _encode(tokenizer, text: str, name: str, number: int) -> list[int]:
+    try:
+        return tokenizer.encode(text)
+    except TinyGPTError as e:
+        raise TinyGPTError(f"task {name} item {number + 1}: {e}") from None
+
+
+def _start(tokenizer, name: str) -> list[int]:
+    if tokenizer.eot_id is None:
+        raise TinyGPTError(f"task {name}: an item has an empty context and this tokenizer has no end-of-text token to start from")
+    return [tokenizer.eot_id]
