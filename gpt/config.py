@@ -457,6 +457,7 @@ class SweepConfig:
     """`tinygpt sweep <dir>`: a sweep folder's leaderboard and val-curve plot."""
 
     dir: str = MISSING  # a multirun folder, e.g. outputs/sweeps/<stamp>
+    rank_by: str = "best_val_loss"  # or final_val_loss, or a task figure of train.eval_tasks, e.g. hellaswag/acc_norm
 
 
 def from_dict(cls: type[T], values: dict, section: str = "") -> T:

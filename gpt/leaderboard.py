@@ -84,12 +84,35 @@ def _overrides(job: Path, summary: dict) -> list[str]:
     return [str(o) for o in (recorded if isinstance(recorded, list) else summary.get("overrides") or [])]
 
 
-def collect(sweep_dir: Path) -> list[dict]:
+def task_columns(rows: list[dict]) -> list[str]:
+    """The zero-shot task figures some run of the sweep reported (train.eval_tasks): <task>/<metric>."""
+    return sorted({c for row in rows for c in row if "/" in c})
+
+
+def higher_is_better(column: str) -> bool:
+    return column.rsplit("/", 1)[-1].startswith("acc")  # accuracies; losses and perplexities fall
+
+
+def _task_figures(summary: dict) -> dict:
+    tasks = summary.get("tasks")
+    if not isinstance(tasks, dict):
+        return {}
+    return {
+        f"{name}/{metric}": value
+        for name, figures in tasks.items()
+        if isinstance(figures, dict)
+        for metric, value in figures.items()
+        if metric != "step" and isinstance(value, (int, float))
+    }
+
+
+def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> list[dict]:
     rows = []
     for job in _job_dirs(sweep_dir):
         summary = _read_json(job / "summary.json") or {}
         rows.append(
             {
+                **_task_figures(summary),
                 "run": job.name,
                 "status": status_of(summary),
                 "best_val_loss": summary.get("best_val_loss"),
@@ -104,10 +127,15 @@ def collect(sweep_dir: Path) -> list[dict]:
             }
         )
 
+    rankable = ["best_val_loss", "final_val_loss", *task_columns(rows)]
+    if rank_by not in rankable:
+        raise TinyGPTError(f"rank_by={rank_by!r}: no run of {sweep_dir} reports it; use one of {', '.join(rankable)}")
+    sign = -1.0 if higher_is_better(rank_by) else 1.0
+
     def key(row):
-        loss = row["best_val_loss"]
-        usable = isinstance(loss, (int, float)) and math.isfinite(loss)
-        return (not usable, loss if usable else 0.0, row["status"] != "finished", _order(Path(row["run"])))
+        value = row.get(rank_by)
+        usable = isinstance(value, (int, float)) and math.isfinite(value)
+        return (not usable, sign * value if usable else 0.0, row["status"] != "finished", _order(Path(row["run"])))
 
     # Show what sets runs apart: the overrides that are not common to every run of the sweep
     # (among the runs whose overrides are known).
@@ -126,7 +154,7 @@ def _fmt(column: str, value) -> str:
         return ""
     if column == "error":  # one line already; a Markdown cell must not hold a pipe
         return " ".join(str(value).split()).replace("|", "\\|")
-    if column.endswith("loss"):
+    if column.endswith("loss") or "/" in column:  # losses and task figures
         return f"{value:.4f}"
     if column == "wall_s":
         return f"{value:.1f}"
@@ -135,22 +163,26 @@ def _fmt(column: str, value) -> str:
     return str(value)
 
 
-def write_leaderboard(sweep_dir: str | Path) -> list[dict]:
-    """Write leaderboard.md, leaderboard.csv and val_curves.png into sweep_dir; return the rows."""
+def write_leaderboard(sweep_dir: str | Path, rank_by: str = "best_val_loss") -> list[dict]:
+    """Write leaderboard.md, leaderboard.csv and val_curves.png into sweep_dir; return the rows,
+    ranked by best val loss or by another column (a task's figure, e.g. hellaswag/acc_norm)."""
     sweep_dir = Path(sweep_dir)
     if (sweep_dir / "summary.json").is_file() or (sweep_dir / "checkpoints").is_dir():
         raise TinyGPTError(f"{sweep_dir} is a run directory, not a sweep; pass the folder of a multirun (outputs/sweeps/<stamp>)")
     if not sweep_dir.is_dir():
         raise TinyGPTError(f"sweep directory {sweep_dir} does not exist; pass the folder of a multirun (outputs/sweeps/<stamp>)")
-    rows = collect(sweep_dir)
+    rows = collect(sweep_dir, rank_by)
+    at = COLUMNS.index("final_val_loss") + 1
+    columns = COLUMNS[:at] + task_columns(rows) + COLUMNS[at:]
     with atomic_write(sweep_dir / "leaderboard.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} run(s), sorted by best val loss", ""]
+    order = "highest" if higher_is_better(rank_by) else "lowest"
+    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} run(s), sorted by {rank_by} ({order} first)", ""]
     if rows:
-        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(_fmt(c, row[c]) for c in COLUMNS) + " |" for row in rows]
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(_fmt(c, row.get(c)) for c in columns) + " |" for row in rows]
     else:
         lines.append("No runs yet.")
     io.write_bytes(sweep_dir / "leaderboard.md", ("\n".join(lines) + "\n").encode())

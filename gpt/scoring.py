@@ -46,7 +46,16 @@ def score(model, requests: list[tuple[list[int], list[int]]], device, batch_size
     inputs = [window(ctx, cont, block) for ctx, cont in requests]
     order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))
     scores: list[Score | None] = [None] * len(requests)
+    was_training = model.training
     model.eval()
+    try:
+        _score_batches(model, requests, inputs, order, scores, device, batch_size)
+    finally:
+        model.train(was_training)  # training scores its tasks mid-run
+    return scores
+
+
+def _score_batches(model, requests, inputs, order, scores, device, batch_size: int) -> None:
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         width = len(inputs[batch[0]])
@@ -61,4 +70,3 @@ def score(model, requests: list[tuple[list[int], list[int]]], device, batch_size
             target = torch.tensor(cont, device=logp.device)
             picked = logp.gather(1, target[:, None]).squeeze(1)
             scores[i] = Score(picked.sum().item(), len(cont), bool((logp.argmax(-1) == target).all()))
-    return scores

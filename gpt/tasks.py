@@ -152,16 +152,27 @@ def _parsed(name: str, task: Task, items: Iterable[dict]) -> Iterator[Example]:
             raise TinyGPTError(f"item {number} is not a {name} item ({type(e).__name__}: {e}; its fields: {fields})") from None
 
 
-def evaluate_task(model, tokenizer, name: str, items: list[Example], device, batch_size: int = 16) -> dict:
-    """Accuracy (both normalisations, or greedy match and perplexity for a cloze task) over the items."""
-    task = task_of(name)
-    requests, owners = [], []
+def metric_names(name: str) -> tuple[str, ...]:
+    return ("acc", "perplexity") if task_of(name).cloze else ("acc", "acc_norm")
+
+
+def requests(tokenizer, name: str, items: list[Example]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+    """Every (context, choice) of the items as token ids, and the item each belongs to. Raises a
+    one-line error naming the item when the tokenizer cannot encode it (a char vocabulary)."""
+    out, owners = [], []
     for number, item in enumerate(items):
         context = _encode(tokenizer, item.context, name, number) or _start(tokenizer, name)
         for choice in item.choices:
-            requests.append((context, _encode(tokenizer, choice, name, number)))
+            out.append((context, _encode(tokenizer, choice, name, number)))
             owners.append(number)
-    scores = score(model, requests, device, batch_size)
+    return out, owners
+
+
+def evaluate_task(model, tokenizer, name: str, items: list[Example], device, batch_size: int = 16) -> dict:
+    """Accuracy (both normalisations, or greedy match and perplexity for a cloze task) over the items."""
+    task = task_of(name)
+    pairs, owners = requests(tokenizer, name, items)
+    scores = score(model, pairs, device, batch_size)
     per_item: list[list] = [[] for _ in items]
     for owner, s in zip(owners, scores):
         per_item[owner].append(s)

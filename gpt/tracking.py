@@ -144,7 +144,9 @@ class RunRecords:
 
     METRICS = ["hparams/best_val_loss", "hparams/final_val_loss"]  # what the HParams tab ranks runs by
 
-    def __init__(self, out_dir: Path | None = None, settings: dict | None = None, first_step: int = 0, **summary):
+    def __init__(
+        self, out_dir: Path | None = None, settings: dict | None = None, first_step: int = 0, task_tags: list[str] = (), **summary
+    ):
         self.tb = TensorBoardTracker(out_dir / "tb") if out_dir is not None else NullTracker()
         self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None)
         # A resumed run carries its record on (its last eval's figures stay until the next one).
@@ -154,7 +156,7 @@ class RunRecords:
         if out_dir is not None:
             if first_step == 0:
                 self.tb.config(settings)
-            self.tb.hparams(settings, self.METRICS)
+            self.tb.hparams(settings, self.METRICS + list(task_tags))
             self.summary.update(step=first_step)
 
     def train(self, step: int, loss: float, lr: float, ms_per_step: float, **scalars) -> None:
@@ -165,6 +167,13 @@ class RunRecords:
     def eval(self, step: int, train: float, val: float, best: float) -> None:
         self.tb.scalars(step, {"loss/train_eval": train, "loss/val": val, self.METRICS[0]: best, self.METRICS[1]: val})
         self.metrics.write(kind="eval", step=step, train=train, val=val)
+
+    def tasks(self, step: int, figures: dict[str, dict]) -> None:
+        """Zero-shot task figures ({task: {metric: value}}): TensorBoard under tasks/<task>/<metric>,
+        metrics.jsonl, and summary.json's `tasks` (what a sweep's leaderboard can rank by)."""
+        self.tb.scalars(step, {f"tasks/{name}/{k}": v for name, f in figures.items() for k, v in f.items()})
+        self.metrics.write(kind="tasks", step=step, **figures)
+        self.summary.update(tasks={name: {**f, "step": step} for name, f in figures.items()})
 
     def close(self) -> None:
         """The run's end, with its status (TensorBoard's HParams tab shows it per session)."""

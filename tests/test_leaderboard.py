@@ -86,3 +86,28 @@ def test_a_run_directory_is_not_a_sweep(tmp_path):
     with pytest.raises(TinyGPTError, match="is a run directory, not a sweep"):
         write_leaderboard(tmp_path)
     assert not (tmp_path / "leaderboard.md").exists()
+
+
+def test_a_sweep_ranks_by_a_task_figure(tmp_path):
+    """train.eval_tasks' figures become columns; rank_by orders by one, accuracies highest first
+    and perplexities lowest first; a figure no run reports is a one-line error."""
+    sweep = tmp_path / "sweep"
+    figures = [(2.0, 0.30, 40.0), (1.5, 0.25, 30.0), (1.8, 0.35, 50.0)]  # best val loss, acc_norm, lambada perplexity
+    for n, (best, acc_norm, ppl) in enumerate(figures):
+        job = sweep / str(n)
+        job.mkdir(parents=True)
+        tasks = {
+            "hellaswag": {"acc": 0.2, "acc_norm": acc_norm, "step": 10},
+            "lambada": {"acc": 0.1, "perplexity": ppl, "step": 10},
+        }
+        (job / "summary.json").write_text(json.dumps({"status": "finished", "best_val_loss": best, "tasks": tasks}))
+    (sweep / "3").mkdir()  # a job that left nothing: last whatever the ranking
+    assert [r["run"] for r in write_leaderboard(sweep)] == ["1", "2", "0", "3"]
+    assert [r["run"] for r in write_leaderboard(sweep, "hellaswag/acc_norm")] == ["2", "0", "1", "3"]
+    with open(sweep / "leaderboard.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["hellaswag/acc_norm"] == "0.35" and rows[0]["lambada/perplexity"] == "50.0"
+    assert "sorted by hellaswag/acc_norm (highest first)" in (sweep / "leaderboard.md").read_text()
+    assert [r["run"] for r in write_leaderboard(sweep, "lambada/perplexity")] == ["1", "0", "2", "3"]
+    with pytest.raises(TinyGPTError, match="rank_by='arc_easy/acc': no run of .* reports it; use one of best_val_loss"):
+        write_leaderboard(sweep, "arc_easy/acc")

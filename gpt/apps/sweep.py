@@ -1,6 +1,7 @@
-"""A sweep's leaderboard (Markdown + CSV, sorted by best val loss) and val-curve plot:
+"""A sweep's leaderboard (Markdown + CSV, sorted by best val loss unless told) and val-curve plot:
 
     tinygpt sweep outputs/sweeps/<stamp>          # or: tinygpt sweep dir=outputs/sweeps/<stamp>
+    tinygpt sweep outputs/sweeps/<stamp> rank_by=hellaswag/acc_norm   # by a train.eval_tasks figure
 
 Written automatically when a multirun ends (LeaderboardCallback below, registered in
 configs/hydra/default.yaml); this command writes them on demand, e.g. while a sweep still runs.
@@ -22,14 +23,14 @@ from gpt.tracking import logger
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # One bare argument is the sweep folder: `tinygpt sweep outputs/sweeps/<stamp>`.
-    if len(argv) == 1 and "=" not in argv[0] and not argv[0].startswith("-"):
-        argv = [f"dir={argv[0]}"]
+    # A bare first argument is the sweep folder: `tinygpt sweep outputs/sweeps/<stamp> [rank_by=...]`.
+    if argv and "=" not in argv[0] and not argv[0].startswith("-"):
+        argv = [f"dir={argv[0]}", *argv[1:]]
     common.run_command(argv, "sweep", "tinygpt sweep", __doc__, summarise, verbatim=("dir",))
 
 
 def summarise(s: SweepConfig) -> list[dict]:
-    rows = write_leaderboard(s.dir)
+    rows = write_leaderboard(s.dir, s.rank_by)
     print((Path(s.dir) / "leaderboard.md").read_text(), end="")
     print(f"wrote leaderboard.md, leaderboard.csv and val_curves.png ({len(rows)} runs) in {s.dir}")
     return rows

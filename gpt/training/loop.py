@@ -25,6 +25,7 @@ from gpt.errors import TinyGPTError
 from gpt.generation import generate
 from gpt.lora import merged_state_dict
 from gpt.preemption import Preempted, StopRequest
+from gpt.tasks import evaluate_task, metric_names
 from gpt.tracking import RunRecords, console_redirected, logger
 from gpt.training.setup import Run
 
@@ -99,6 +100,15 @@ class Trainer:
             out[split] = distributed.mean(total / self.ts.eval_iters, r.dist).item()
         r.step_model.train()
         return out
+
+    def evaluate_tasks(self) -> dict[str, dict]:
+        """train.eval_tasks' figures for the model as it is now ({task: {metric: value}}; rank 0)."""
+        r = self.run
+        with r.rt.autocast():
+            return {
+                name: evaluate_task(r.model, r.data.tokenizer, name, items, r.rt.device, self.ts.batch_size)
+                for name, items in r.tasks.items()
+            }
 
     def save(self, best: bool = False) -> Path | None:
         """A full-state checkpoint of the current step, and best.pt if `best` (rank 0 writes;
@@ -243,7 +253,8 @@ class Trainer:
                 overrides=self.overrides,
                 model=architectures.summary(r.model_config),
             )
-            self.records = RunRecords(r.out_dir, asdict(r.cfg), r.progress.step, **summary)
+            tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]
+            self.records = RunRecords(r.out_dir, asdict(r.cfg), r.progress.step, task_tags=tags, **summary)
         if r.progress.step >= self.ts.max_iters:
             r.log(
                 f"this run already reached step {r.progress.step} (train.max_iters={self.ts.max_iters}); "
@@ -298,6 +309,8 @@ class Trainer:
         self.records.eval(step, losses["train"], losses["val"], p.best_val)
         r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))
         if r.dist.is_main and all(math.isfinite(v) for v in losses.values()):  # a diverged model has nothing to show
+            if r.tasks:
+                self._log_tasks(step, self.evaluate_tasks())
             if ts.eval_sample_tokens:
                 self.records.tb.text("samples", self.sample(ts.eval_sample_tokens), step)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
@@ -316,6 +329,12 @@ class Trainer:
         )
         if step > 0:
             self.save(best=improved)
+
+    def _log_tasks(self, step: int, results: dict[str, dict]) -> None:
+        figures = {name: {k: v for k, v in res.items() if k not in ("task", "items")} for name, res in results.items()}
+        shown = "; ".join(f"{name} " + ", ".join(f"{k} {v:.4f}" for k, v in f.items()) for name, f in figures.items())
+        self.run.log(f"tasks step {step}: {shown}")
+        self.records.tasks(step, figures)
 
     def _log_step(self, loss: torch.Tensor, norm: torch.Tensor, dt: float, bar) -> None:
         r = self.run

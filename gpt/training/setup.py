@@ -60,6 +60,7 @@ class Run:
     batches: RandomWindows | None = None  # this rank's training windows
     step_model: nn.Module | None = None  # compiled and/or DDP-wrapped: the training forward
     eval_model: nn.Module | None = None  # compiled only: evaluation needs no gradient sync
+    tasks: dict[str, list] = field(default_factory=dict)  # train.eval_tasks' items (gpt.tasks.Example), rank 0
 
     @property
     def ckpt_dir(self) -> Path:
@@ -110,6 +111,7 @@ def build_run(cfg: RunConfig) -> Run:
     runtime.seed_everything(cfg.seed + dist.rank)
 
     data = _load_data(cfg, dist, log)
+    tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     resumed = checkpoint.load(source) if source else None
     _resolve_schedule(cfg, resumed, log)
     model, model_config = _model(cfg, data, resumed, log)
@@ -120,6 +122,7 @@ def build_run(cfg: RunConfig) -> Run:
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
     run = Run(cfg, dist, rt, out_dir, data, model, model_config, lora, optimizer, scaler, schedule, log)
     run.batches = run.windows(data.train, cfg.train.batch_size, seed=cfg.seed)
+    run.tasks = tasks
     if resumed is not None:
         run.progress = _restore(resumed, source, run)
     run.step_model, run.eval_model = _wrap(model, rt, dist)
@@ -184,6 +187,20 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:
         f"vocab {data.tokenizer.vocab_size}"
     )
     return data
+
+
+def _eval_tasks(cfg: RunConfig, data: Dataset, log) -> dict[str, list]:
+    """The items of train.eval_tasks, read and encoded once before training: a task that cannot
+    be had (offline, no local copy) or read with this tokenizer fails now, not at the first eval."""
+    from gpt.config import TaskSettings
+    from gpt.tasks import examples, requests
+
+    out = {}
+    for name in cfg.train.eval_tasks:
+        out[name] = examples(TaskSettings(name, limit=cfg.train.eval_task_limit), cfg.paths.data_root())
+        requests(data.tokenizer, name, out[name])
+        log(f"task {name}: {len(out[name]):,} items scored at every eval")
+    return out
 
 
 def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log) -> tuple[nn.Module, Any]:

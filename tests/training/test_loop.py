@@ -373,3 +373,59 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint
         train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"], tmp_path))
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("ckpt")] == ["ckpt-0000010.pt"]
     assert loading.resumable(tmp_path / "checkpoints" / "ckpt-0000010.pt").step == 10
+
+
+ARC_ITEMS = [
+    {"id": "1", "question": "Which is a bird?", "choices": {"text": ["crow", "stone"], "label": ["A", "B"]}, "answerKey": "A"},
+    {
+        "id": "2",
+        "question": "What falls?",
+        "choices": {"text": ["rain", "up", "sky"], "label": ["A", "B", "C"]},
+        "answerKey": "A",
+    },
+    {"id": "3", "question": "Who rules?", "choices": {"text": ["the king", "a fish"], "label": ["A", "B"]}, "answerKey": "A"},
+]
+
+
+def test_eval_tasks_are_scored_at_every_eval_and_recorded(tmp_path, data_root, monkeypatch):
+    """train.eval_tasks: the task's figures at each eval in TensorBoard (also as HParams
+    metrics), metrics.jsonl and summary.json, equal to scoring the final model afresh; the model
+    trains on in training mode afterwards."""
+    from gpt.tasks import TaskSettings, evaluate_task, examples
+
+    root, data_overrides = data_root
+    monkeypatch.setenv("TINYGPT_DATA_DIR", str(tmp_path / "root"))  # a data root of its own: the task copy goes there
+    (tmp_path / "root" / "tasks").mkdir(parents=True)
+    (tmp_path / "root" / "tasks" / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ARC_ITEMS))
+    for entry in root.iterdir():  # the prepared data, linked
+        (tmp_path / "root" / entry.name).symlink_to(entry)
+    out = tmp_path / "run"
+    run = build_run(compose([*QUICK, *data_overrides, "train.eval_tasks=[arc_easy]", "train.eval_task_limit=2"], out))
+    assert [len(items) for items in run.tasks.values()] == [2]  # the first eval_task_limit items
+    modes = []
+    Trainer(run).fit(on_eval=lambda step, losses: modes.append(run.model.training))
+    assert modes == [True, True, True]
+    summary = json.loads((out / "summary.json").read_text())
+    items = examples(TaskSettings("arc_easy", limit=2), tmp_path / "root")
+    fresh = evaluate_task(run.model, run.data.tokenizer, "arc_easy", items, torch.device("cpu"))
+    assert summary["tasks"] == {"arc_easy": {"acc": fresh["acc"], "acc_norm": fresh["acc_norm"], "step": 10}}
+    acc = _events(out)
+    assert [e.step for e in acc.Scalars("tasks/arc_easy/acc_norm")] == [0, 5, 10]
+    assert acc.Scalars("tasks/arc_easy/acc")[-1].value == pytest.approx(fresh["acc"])
+    plugin = acc.PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/experiment"]).experiment
+    assert {"tasks/arc_easy/acc", "tasks/arc_easy/acc_norm"} <= {m.name.tag for m in experiment.metric_infos}
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "tasks"] == [0, 5, 10]
+
+
+def test_eval_tasks_that_cannot_be_had_fail_before_training(tmp_path, data_root, monkeypatch):
+    root, data_overrides = data_root
+    with pytest.raises(TinyGPTError, match="task='hellaswa' is unknown"):
+        compose([*QUICK, *data_overrides, "train.eval_tasks=[hellaswa]"], tmp_path / "a")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(TinyGPTError, match="task lambada: cannot reach Hub dataset EleutherAI/lambada_openai"):
+        build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}", "train.eval_tasks=[lambada]"], tmp_path / "b"))
+    assert not (tmp_path / "b" / "checkpoints").exists()
