@@ -25,11 +25,13 @@ from gpt.config import SourceSettings, TaskSettings
 from gpt.errors import TinyGPTError
 from gpt.scoring import score
 
+DELIMITER = " "  # between context and choice, as in the harness (whose acc_norm divides by the choice alone)
+
 
 @dataclass(frozen=True)
 class Example:
     context: str
-    choices: tuple[str, ...]  # continuations of the context; a cloze item has one
+    choices: tuple[str, ...]  # what follows the context after a space; a cloze item has one
     gold: int  # index of the right choice
 
 
@@ -43,7 +45,7 @@ def _hellaswag(record: dict) -> Example:
     if "endings" in record and record.get("label") in (None, ""):
         raise TinyGPTError("HellaSwag items without a label (the test split): use the validation split")
     context = _hellaswag_text(f"{record['activity_label']}: {record['ctx_a']} {record['ctx_b'].capitalize()}")
-    return Example(context, tuple(" " + _hellaswag_text(e) for e in record["endings"]), int(record["label"]))
+    return Example(context, tuple(_hellaswag_text(e) for e in record["endings"]), int(record["label"]))
 
 
 def _arc(record: dict) -> Example:
@@ -56,14 +58,14 @@ def _arc(record: dict) -> Example:
         texts, labels = record["choices"]["text"], record["choices"]["label"]
     if record["answerKey"] not in labels:
         raise TinyGPTError(f"ARC item {record.get('id')}: answerKey {record['answerKey']!r} is not among {labels}")
-    return Example(f"Question: {question}\nAnswer:", tuple(f" {t}" for t in texts), labels.index(record["answerKey"]))
+    return Example(f"Question: {question}\nAnswer:", tuple(texts), labels.index(record["answerKey"]))
 
 
 def _lambada(record: dict) -> Example:
     context, _, word = record["text"].rpartition(" ")
     if not context:
         raise TinyGPTError(f"LAMBADA passage {record['text'][:40]!r} has no space before its last word")
-    return Example(context, (" " + word,), 0)
+    return Example(context, (word,), 0)
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def requests(tokenizer, name: str, items: list[Example]) -> tuple[list[tuple[lis
     for number, item in enumerate(items):
         context = _encode(tokenizer, item.context, name, number) or _start(tokenizer, name)
         for choice in item.choices:
-            out.append((context, _encode(tokenizer, choice, name, number)))
+            out.append((context, _encode(tokenizer, DELIMITER + choice, name, number)))
             owners.append(number)
     return out, owners
 

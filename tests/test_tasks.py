@@ -128,7 +128,7 @@ def test_multiple_choice_accuracy_equals_the_hand_computation(tmp_path, name, ro
         r = evaluate_task(model, tok, name, items, CPU, batch_size=3)
         acc = acc_norm = 0
         for e in items:
-            lp = [_by_hand(model, tok.encode(e.context), tok.encode(c))[0] for c in e.choices]
+            lp = [_by_hand(model, tok.encode(e.context), tok.encode(" " + c))[0] for c in e.choices]
             norm = [v / len(c) for v, c in zip(lp, e.choices)]  # per character, as the harness's acc_norm
             acc += lp.index(max(lp)) == e.gold
             acc_norm += norm.index(max(norm)) == e.gold
@@ -140,7 +140,7 @@ def test_multiple_choice_accuracy_equals_the_hand_computation(tmp_path, name, ro
 def test_hellaswag_prompts_follow_the_harness():
     e = TASKS["hellaswag"].parse(HELLASWAG[1])
     assert e.context == "Home and Garden: How to grow grass. Pick a spot. Grass needs sun. Water it"
-    assert e.choices == (" daily. for a week.", " with oil.", " never, ever.", " in the dark or not at all.")
+    assert e.choices == ("daily. for a week.", "with oil.", "never, ever.", "in the dark or not at all.")
     assert TASKS["arc_easy"].parse(ARC_HUB[0]).context == "Question: Which gas do plants take in?\nAnswer:"
 
 
@@ -148,14 +148,14 @@ def test_cloze_accuracy_and_perplexity_equal_the_hand_computation(tmp_path):
     (tmp_path / "tasks").mkdir()
     _jsonl(tmp_path / "tasks" / "lambada.jsonl", LAMBADA)  # the local copy under the data root is found
     items = examples(TaskSettings("lambada"), tmp_path)
-    assert [e.choices for e in items] == [(" home",), (" rug",), (" gate",)]
+    assert [e.choices for e in items] == [("home",), ("rug",), ("gate",)]
     torch.manual_seed(0)
     model = Bigram(257)
     with torch.no_grad():  # make one item's word the greedy choice: acc must count it
         for a, b in zip(b"e gate", b" gate"):
             model.table[a, b] = 50.0
     r = evaluate_task(model, ByteTokenizer(), "lambada", items, CPU, batch_size=2)
-    by_hand = [_by_hand(model, list(e.context.encode()), list(e.choices[0].encode())) for e in items]
+    by_hand = [_by_hand(model, list(e.context.encode()), list(b" " + e.choices[0].encode())) for e in items]
     assert r["acc"] == sum(g for _, g in by_hand) / 3 and 0 < r["acc"] < 1
     assert abs(math.log(r["perplexity"]) - -sum(lp for lp, _ in by_hand) / 3) < 1e-5  # float32 sums
     assert examples(TaskSettings("lambada", limit=2), tmp_path) == items[:2]
@@ -188,7 +188,7 @@ def test_task_items_load_from_a_saved_dataset(tmp_path):
 
     datasets.Dataset.from_list(ARC_HUB).save_to_disk(str(tmp_path / "arc"))
     items = examples(TaskSettings("arc_easy", path=str(tmp_path / "arc")), tmp_path)
-    assert [e.gold for e in items] == [1, 0] and items[0].choices == (" oxygen", " carbon dioxide", " helium")
+    assert [e.gold for e in items] == [1, 0] and items[0].choices == ("oxygen", "carbon dioxide", "helium")
 
 
 def test_task_mistakes_are_one_line_errors(tmp_path, monkeypatch):
@@ -228,7 +228,7 @@ def test_gpt2_124m_task_loglikelihoods_equal_transformers(tmp_path, gpt2_ranks):
     assert sum(p.numel() for p in loaded.model.parameters()) == sum(p.numel() for p in hf.parameters())  # 124M
     tok = loaded.tokenizer()
     items = [TASKS["hellaswag"].parse(r) for r in HELLASWAG] + [TASKS["lambada"].parse(r) for r in LAMBADA]
-    requests = [(tok.encode(e.context), tok.encode(c)) for e in items for c in e.choices]
+    requests = [(tok.encode(e.context), tok.encode(" " + c)) for e in items for c in e.choices]
     ours = score(loaded.model, requests, CPU, batch_size=4)
     with torch.no_grad():
         for (ctx, cont), s in zip(requests, ours):
