@@ -4,8 +4,9 @@
 Token-level and model-agnostic: any tinygpt model (transformer or recurrent) called as
 `model(idx) -> (logits, _)`. A request is (context ids, continuation ids); its score is the sum
 of log p(continuation token | everything before it), plus whether greedy decoding would have
-produced exactly the continuation. Context that does not fit the model's window is cut from the
-left (the harness's rule), so the continuation is always scored whole.
+produced exactly the continuation. Context that does not fit a transformer's window is cut from
+the left (the harness's rule); a continuation longer than the window is scored a window at a
+time (see `pieces`); recurrent models read the whole request.
 """
 
 from __future__ import annotations
@@ -25,48 +26,52 @@ class Score:
     greedy: bool  # argmax at every continuation position is the continuation's token
 
 
-def window(context: list[int], continuation: list[int], block_size: int) -> list[int]:
-    """The model input for one request: context + continuation minus its last token, cut from
-    the left to block_size tokens. The continuation's targets are the input's last len(continuation)
-    positions' next tokens."""
+def pieces(context: list[int], continuation: list[int], block_size: int | None) -> list[tuple[list[int], list[int]]]:
+    """The model inputs that score one request: (input ids, the continuation tokens its last
+    positions predict). One piece when the continuation fits the window: context +
+    continuation minus its last token, cut from the left to block_size. A longer continuation
+    (a HellaSwag ending in characters, for a 64-character model) is scored block_size tokens at
+    a time, each piece with the longest context its window allows. block_size None (recurrent
+    models): no window, everything in one piece."""
     if not continuation:
         raise TinyGPTError("a continuation needs at least one token to score")
     if not context:
         raise TinyGPTError("a context needs at least one token (use the end-of-text token for an empty one)")
-    if len(continuation) > block_size:
-        raise TinyGPTError(f"a continuation of {len(continuation)} tokens does not fit the model's context of {block_size}")
-    return (context + continuation)[-(block_size + 1) : -1]
+    full, start = context + continuation, len(context)
+    step = block_size or len(continuation)
+    out = []
+    for begin in range(0, len(continuation), step):
+        end = min(begin + step, len(continuation))  # continuation[begin:end] scored by this piece
+        stop = start + end - 1  # the input ends just before the last scored token
+        out.append((full[max(0, stop - block_size) if block_size else 0 : stop], continuation[begin:end]))
+    return out
 
 
 @torch.no_grad()
 def score(model, requests: list[tuple[list[int], list[int]]], device, batch_size: int = 16) -> list[Score]:
-    """One Score per (context, continuation) request, in order. Requests are batched longest
+    """One Score per (context, continuation) request, in order. Pieces are batched longest
     first, padded on the right: causal models never look right, so padding changes nothing."""
-    block = model.config.block_size
-    inputs = [window(ctx, cont, block) for ctx, cont in requests]
-    order = sorted(range(len(requests)), key=lambda i: -len(inputs[i]))
-    scores: list[Score | None] = [None] * len(requests)
+    block = None if getattr(model, "recurrent", False) else model.config.block_size
+    work = [(i, inp, targets) for i, (ctx, cont) in enumerate(requests) for inp, targets in pieces(ctx, cont, block)]
+    work.sort(key=lambda w: -len(w[1]))
+    sums, greedy = [0.0] * len(requests), [True] * len(requests)
     was_training = model.training
     model.eval()
     try:
-        _score_batches(model, requests, inputs, order, scores, device, batch_size)
+        for at in range(0, len(work), batch_size):
+            _score_batch(model, work[at : at + batch_size], sums, greedy, device)
     finally:
         model.train(was_training)  # training scores its tasks mid-run
-    return scores
+    return [Score(sums[i], len(cont), greedy[i]) for i, (_, cont) in enumerate(requests)]
 
 
-def _score_batches(model, requests, inputs, order, scores, device, batch_size: int) -> None:
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
-        width = len(inputs[batch[0]])
-        x = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, i in enumerate(batch):
-            x[row, : len(inputs[i])] = torch.tensor(inputs[i])
-        logits, _ = model(x.to(device))
-        for row, i in enumerate(batch):
-            cont = requests[i][1]
-            end = len(inputs[i])
-            logp = F.log_softmax(logits[row, end - len(cont) : end].float(), dim=-1)
-            target = torch.tensor(cont, device=logp.device)
-            picked = logp.gather(1, target[:, None]).squeeze(1)
-            scores[i] = Score(picked.sum().item(), len(cont), bool((logp.argmax(-1) == target).all()))
+def _score_batch(model, batch, sums: list[float], greedy: list[bool], device) -> None:
+    x = torch.zeros(len(batch), len(batch[0][1]), dtype=torch.long)
+    for row, (_, inp, _) in enumerate(batch):
+        x[row, : len(inp)] = torch.tensor(inp)
+    logits, _ = model(x.to(device))
+    for row, (i, inp, targets) in enumerate(batch):
+        target = torch.tensor(targets, device=logits.device)
+        logp = F.log_softmax(logits[row, len(inp) - len(targets) : len(inp)].float(), dim=-1)
+        sums[i] += logp.gather(1, target[:, None]).sum().item()
+        greedy[i] &= bool((logp.argmax(-1) == target).all())

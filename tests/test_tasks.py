@@ -162,25 +162,30 @@ def test_cloze_accuracy_and_perplexity_equal_the_hand_computation(tmp_path):
 
 
 @pytest.mark.parametrize("make", ["gpt", "rnn"])
-def test_batched_padded_scores_equal_one_request_at_a_time(make):
+def test_batched_padded_scores_equal_one_token_at_a_time(make):
+    """Every continuation token's log-probability, computed alone: a transformer predicts it from
+    the window (up to block_size tokens) that ends where its piece ends, a piece being the
+    continuation cut in block_size chunks; a recurrent model from everything before it."""
     torch.manual_seed(0)
+    block = 12
     if make == "gpt":
-        model = GPT(GPTConfig(vocab_size=50, block_size=12, n_layer=2, n_head=2, n_embd=16, dropout=0.0))
+        model = GPT(GPTConfig(vocab_size=50, block_size=block, n_layer=2, n_head=2, n_embd=16, dropout=0.0))
     else:
-        model = RecurrentLM(RNNConfig(arch="lstm", vocab_size=50, block_size=12, n_layer=1, n_embd=16, n_hidden=24))
+        model = RecurrentLM(RNNConfig(arch="lstm", vocab_size=50, block_size=block, n_layer=1, n_embd=16, n_hidden=24))
     g = torch.Generator().manual_seed(1)
-    requests = [
-        (torch.randint(50, (n,), generator=g).tolist(), torch.randint(50, (m,), generator=g).tolist())
-        for n, m in [(3, 2), (20, 4), (1, 1), (9, 3), (11, 1)]  # (20, 4): context cut from the left to fit 12
-    ]
+    shapes = [(3, 2), (20, 4), (1, 1), (9, 3), (11, 1), (4, 30), (15, 12)]  # (20, 4): context cut; (4, 30): 3 pieces
+    requests = [(torch.randint(50, (n,), generator=g).tolist(), torch.randint(50, (m,), generator=g).tolist()) for n, m in shapes]
     together = score(model, requests, CPU, batch_size=4)
     for (ctx, cont), s in zip(requests, together):
-        full = (ctx + cont)[-13:]
-        with torch.no_grad():
-            logits, _ = model(torch.tensor(full[:-1])[None])
-        logp = F.log_softmax(logits[0, -len(cont) :], dim=-1)
-        expected = sum(logp[i, t].item() for i, t in enumerate(cont))
-        assert abs(s.logprob - expected) < 1e-5 and s.tokens == len(cont)
+        full, expected = ctx + cont, 0.0
+        for j, token in enumerate(cont):
+            t = len(ctx) + j  # the token's place in the request
+            piece_end = len(ctx) + min((j // block + 1) * block, len(cont)) - 1
+            begin = 0 if make == "rnn" else max(0, piece_end - block)
+            with torch.no_grad():
+                logits, _ = model(torch.tensor(full[begin:t])[None])
+            expected += F.log_softmax(logits[0, -1], dim=-1)[token].item()
+        assert abs(s.logprob - expected) < 1e-4 and s.tokens == len(cont), (ctx, cont)
 
 
 def test_task_items_load_from_a_saved_dataset(tmp_path):
