@@ -6,6 +6,7 @@
     tinygpt export  out=<folder> ...       a checkpoint to a Hugging Face GPT-2 folder
     tinygpt prepare [key=value ...]        tokenize a dataset ahead of training
     tinygpt sweep   <sweep dir>            a sweep's leaderboard and val curves
+    tinygpt harness <lm_eval options>      lm-evaluation-harness tasks on a model
 
 `tinygpt <command> --help` lists a command's settings with their defaults.
 """
@@ -17,7 +18,7 @@ import sys
 
 from gpt.apps.common import fail
 
-COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep")
+COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "harness")
 
 
 def main(argv: list[str] | None = None) -> None:
