@@ -3,8 +3,12 @@
 Two trainings into one directory would interleave their metrics and overwrite each other's
 checkpoints without a word, so the second is refused. A lock whose owner is gone (kill -9, a
 crash, a reboot) is taken over: on the owner's host, when its pid no longer runs (or runs a
-newer process that reused the pid); from another host, when the run's summary.json has had no
-heartbeat for `STALE_AFTER` seconds. Under torchrun only rank 0 holds it.
+newer process that reused the pid); from another host, when neither the lock nor the run's
+summary.json heartbeat is younger than `STALE_AFTER` seconds. Under torchrun only rank 0 holds it.
+
+The command line takes the lock before Hydra writes into the directory (gpt.apps.train), and the
+trainer in the same process finds it its own; a notebook's `train()` takes it itself. The lock
+file appears whole (written aside, then hard-linked into place), so no reader ever sees it empty.
 """
 
 from __future__ import annotations
@@ -53,8 +57,18 @@ def _stale(run_dir: Path, owner: dict) -> bool:
         beat = json.loads((run_dir / "summary.json").read_text()).get("heartbeat")
     except (OSError, ValueError, AttributeError):
         beat = None
-    since = beat if isinstance(beat, (int, float)) else owner.get("time", 0)
+    # The lock's own time too: a run just started elsewhere has not beaten yet, and the summary
+    # may still be an earlier run's
+    since = max(beat if isinstance(beat, (int, float)) else 0, owner.get("time", 0) or 0)
     return time.time() - since > STALE_AFTER
+
+
+def _me() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _is_me(owner: dict | None) -> bool:
+    return owner is not None and all(owner.get(k) == v for k, v in _me().items())
 
 
 def owner_of(run_dir: Path) -> dict | None:
@@ -78,7 +92,7 @@ def _refusal(run_dir: Path, owner: dict) -> TinyGPTError:
 def check(run_dir: Path) -> None:
     """Refuse now, before anything is written, if another live process trains in `run_dir`."""
     owner = owner_of(run_dir)
-    if owner is not None and owner.get("pid") != os.getpid():
+    if owner is not None and not _is_me(owner):
         raise _refusal(run_dir, owner)
 
 
@@ -87,27 +101,38 @@ class RunLock:
         self.path, self.run_dir, self.log, self.held = Path(run_dir) / LOCK, Path(run_dir), log, False
 
     def acquire(self) -> RunLock:
+        """Take the lock, or find it already this process's (then the first holder releases it)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid()), "time": time.time()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = owner_of(self.run_dir)
-                if owner is not None:
-                    raise _refusal(self.run_dir, owner) from None
-                self.log(f"notice: taking over {self.path} from a process that is gone")
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            self.held = True
-            return self
+        aside = self.run_dir / f"{LOCK}.{os.getpid()}"
+        aside.write_text(json.dumps({**_me(), "time": time.time()}))
+        try:
+            for _ in range(2):
+                try:
+                    os.link(aside, self.path)  # fails if the lock exists; never shows a half-written file
+                except FileExistsError:
+                    owner = owner_of(self.run_dir)
+                    if _is_me(owner):
+                        return self
+                    if owner is not None:
+                        raise _refusal(self.run_dir, owner) from None
+                    self.log(f"notice: taking over {self.path} from a process that is gone")
+                    self.path.unlink(missing_ok=True)
+                    continue
+                self.held = True
+                return self
+        finally:
+            aside.unlink(missing_ok=True)
         raise _refusal(self.run_dir, owner_of(self.run_dir) or {})
 
     def release(self) -> None:
+        """Remove the lock if it is still this process's (one taken over meanwhile is not)."""
         if self.held:
-            self.path.unlink(missing_ok=True)
+            try:
+                mine = _is_me(json.loads(self.path.read_text()))
+            except (OSError, ValueError):
+                mine = False
+            if mine:
+                self.path.unlink(missing_ok=True)
             self.held = False
 
     def __enter__(self) -> RunLock:

@@ -55,7 +55,7 @@ def test_a_reused_pid_does_not_hold_a_dead_owners_lock(tmp_path, other_process):
 
 
 def test_an_owner_on_another_host_holds_until_its_heartbeat_is_old(tmp_path):
-    _write_lock(tmp_path, host="elsewhere", pid=12345)
+    _write_lock(tmp_path, host="elsewhere", pid=12345, time=time.time() - runlock.STALE_AFTER - 10)
     (tmp_path / "summary.json").write_text(json.dumps({"heartbeat": time.time()}))
     with pytest.raises(TinyGPTError, match="on elsewhere"):
         RunLock(tmp_path).acquire()
@@ -86,3 +86,65 @@ def test_a_second_training_into_a_running_run_is_refused(tmp_path, data_root):
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == list(range(1, 301)) and not (run_dir / runlock.LOCK).exists()  # one trajectory, once
     assert not (run_dir / ".hydra-1").exists()
+
+
+def test_the_lock_is_reentrant_in_one_process_and_released_only_by_its_owner(tmp_path):
+    """The command line takes the lock before Hydra runs and the trainer takes it again in the same
+    process: the second acquire is a no-op, and only the first holder's release removes it; a lock
+    taken over by another process meanwhile is not removed by the old holder."""
+    outer = RunLock(tmp_path).acquire()
+    inner = RunLock(tmp_path).acquire()
+    inner.release()
+    assert (tmp_path / runlock.LOCK).exists()
+    outer.release()
+    assert not (tmp_path / runlock.LOCK).exists()
+    held = RunLock(tmp_path).acquire()
+    _write_lock(tmp_path, pid=1, started="other")  # someone else's record now (as after a takeover)
+    held.release()
+    assert json.loads((tmp_path / runlock.LOCK).read_text())["pid"] == 1
+    assert not list(tmp_path.glob(".lock.*"))  # the record written aside is gone
+
+
+def test_a_lock_just_taken_on_another_host_holds_despite_an_old_summary(tmp_path):
+    """A run that just started elsewhere has not beaten yet; the summary.json there is an earlier
+    run's: the lock's own time keeps it held."""
+    _write_lock(tmp_path, host="elsewhere", pid=12345)
+    (tmp_path / "summary.json").write_text(json.dumps({"heartbeat": time.time() - runlock.STALE_AFTER - 100}))
+    with pytest.raises(TinyGPTError, match="on elsewhere"):
+        RunLock(tmp_path).acquire()
+
+
+def test_a_reader_never_sees_a_half_written_lock(tmp_path, monkeypatch):
+    """The lock file appears whole: while it is being written, another process reading it finds
+    either no lock or a complete record (a record read as empty would be taken over)."""
+    seen = []
+    real_link = os.link
+
+    def link_and_read(src, dst):
+        seen.append(json.loads(open(src).read()))  # what exists just before the lock appears
+        real_link(src, dst)
+        seen.append(json.loads((tmp_path / runlock.LOCK).read_text()))
+
+    monkeypatch.setattr(os, "link", link_and_read)
+    with RunLock(tmp_path):
+        pass
+    assert seen[0]["pid"] == seen[1]["pid"] == os.getpid()
+
+
+def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_process):
+    """`tinygpt train hydra.run.dir=R` takes R's lock before Hydra moves or writes anything there
+    and holds it until the process ends; a start while another process holds it is refused with
+    the earlier run's record in place."""
+    from gpt.apps.train import protect_earlier_run
+
+    protect_earlier_run([f"hydra.run.dir={tmp_path / 'a'}"])
+    assert json.loads((tmp_path / "a" / runlock.LOCK).read_text())["pid"] == os.getpid()
+    RunLock(tmp_path / "a").acquire().release()  # the trainer, in this process, finds it its own
+    assert (tmp_path / "a" / runlock.LOCK).exists()
+    (tmp_path / "b" / ".hydra").mkdir(parents=True)
+    (tmp_path / "b" / "checkpoints").mkdir()
+    (tmp_path / "b" / "checkpoints" / "ckpt-0000010.pt").write_bytes(b"x")
+    _write_lock(tmp_path / "b", pid=other_process.pid, started=runlock._started(other_process.pid))
+    with pytest.raises(TinyGPTError, match="is being trained by process"):
+        protect_earlier_run([f"hydra.run.dir={tmp_path / 'b'}"])
+    assert (tmp_path / "b" / ".hydra").is_dir() and not (tmp_path / "b" / ".hydra-1").exists()

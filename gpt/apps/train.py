@@ -5,6 +5,7 @@ config, `--help` Hydra's help. The settings and their defaults: gpt/config.py (R
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -125,7 +126,9 @@ def protect_earlier_run(overrides: list[str]) -> None:
     if "hydra.run.dir" not in values or common.rank() != 0:
         return
     run_dir = Path(values["hydra.run.dir"]).expanduser()
-    runlock.check(run_dir)  # another process trains there: its record must not move
+    # Held from now until this process ends (the trainer finds it its own): between a check here
+    # and a lock taken in the trainer, a second start could still move the running run's record.
+    atexit.register(runlock.RunLock(run_dir, log=lambda m: print(m, file=sys.stderr)).acquire().release)
     if not checkpoint.has_run(run_dir):
         return
     if checkpoint.parse_resume(values.get("resume", "auto")) == checkpoint.NEVER:
