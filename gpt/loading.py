@@ -120,11 +120,25 @@ def resumable(path: Path) -> Checkpoint:
     ckpt = checkpoint.load(path, mmap=True)
     if ckpt.training is None:
         raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
-    try:
-        model_from_checkpoint(ckpt)
-    except TinyGPTError as e:
-        raise TinyGPTError(f"{path}: {e}") from None
+    stamp = _stamp(path)
+    if stamp not in _FITS:
+        try:
+            model_from_checkpoint(ckpt)
+        except TinyGPTError as e:
+            raise TinyGPTError(f"{path}: {e}") from None
+        _FITS.add(stamp)
     return ckpt
+
+
+# Checkpoints whose weights were seen to fit their model, by (path, size, mtime): the command's
+# preflight and the run's set-up ask about the same files, and building a large model to check
+# it is the costly part. (Only the verdict is kept: a kept checkpoint would hold its file open.)
+_FITS: set[tuple] = set()
+
+
+def _stamp(path: Path) -> tuple:
+    st = Path(path).stat()
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
 
 def newest_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:

@@ -82,3 +82,28 @@ def test_clear_errors(tmp_path):
     checkpoint.save(tmp_path / "bad.pt", bad)
     with pytest.raises(TinyGPTError, match="weights do not fit its own model settings"):
         loading.load(str(tmp_path / "bad.pt"))
+
+
+def test_a_checkpoint_seen_to_fit_is_not_built_again_until_it_changes(tmp_path, monkeypatch):
+    """Preflight and set-up both ask whether the same checkpoints can be resumed: the model is
+    built once per file; a file rewritten since is checked afresh (and refused if it no longer fits)."""
+    from gpt.checkpoint import TrainingState
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    spec = {"kind": "char", "chars": CHARS}
+    path = tmp_path / checkpoint.step_file(3)
+    state = TrainingState({}, {}, {}, None, 0, 0)
+    checkpoint.save(
+        path, Checkpoint(model=model.state_dict(), model_config=model.config.to_dict(), tokenizer=spec, step=3, training=state)
+    )
+    built = []
+    real = loading.model_from_checkpoint
+    monkeypatch.setattr(loading, "model_from_checkpoint", lambda *a, **k: built.append(1) or real(*a, **k))
+    assert loading.resumable(path).step == 3 and loading.resumable(path).step == 3
+    assert len(built) == 1
+    wrong = {k: (v[:4] if k == "transformer.wte.weight" else v) for k, v in model.state_dict().items()}
+    checkpoint.save(path, Checkpoint(model=wrong, model_config=model.config.to_dict(), tokenizer=spec, step=3, training=state))
+    with pytest.raises(TinyGPTError, match="ckpt-0000003.pt"):
+        loading.resumable(path)
+    assert len(built) == 2
