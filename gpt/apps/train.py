@@ -216,7 +216,7 @@ def _task(cfg) -> float:
             raise
         except Preempted:
             launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
-            say(f"resume with: {launcher} <the same overrides> hydra.run.dir={settings.paths.output_dir}")
+            say(after_stop(Path(settings.paths.output_dir), launcher))
             if multirun and dist.is_main:  # the sweep stops here: its leaderboard shows this job too
                 sweep.write_leaderboard(hydra_cfg.sweep.dir)
             raise
@@ -242,6 +242,18 @@ def _task(cfg) -> float:
             raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {e}") from None
 
     return common.guard(sweep_job if multirun else run)
+
+
+def after_stop(run_dir: Path, launcher: str) -> str:
+    """What to do after a signal stopped the run: resume it, or (stopped during set-up, before its
+    first checkpoint) start it again."""
+    from gpt import checkpoint
+
+    if checkpoint.latest(run_dir) is None:
+        return (
+            f"stopped before the run saved a checkpoint: nothing to resume; start it again with {launcher} <the same overrides>"
+        )
+    return f"resume with: {launcher} <the same overrides> hydra.run.dir={run_dir}"
 
 
 def _command(name: str) -> str:

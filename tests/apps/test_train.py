@@ -137,3 +137,14 @@ def test_quickstart_reaches_target_and_samples(tmp_path, data_root):
     # Shakespeare-like: mostly letters and spaces, with speaker-style lines ("NAME:").
     assert sum(c.isalpha() or c.isspace() for c in text) / len(text) > 0.85
     assert re.search(r"^[A-Z][A-Za-z ]+:$", text, flags=re.M) or text.count("\n") >= 3
+
+
+def test_after_a_stop_the_hint_resumes_only_what_was_saved(tmp_path):
+    """A signal during set-up (before the first checkpoint) leaves nothing to resume: the line says
+    to start again, not to resume a run that holds no checkpoint."""
+    from gpt.apps.train import after_stop
+
+    assert after_stop(tmp_path, "tinygpt train").startswith("stopped before the run saved a checkpoint: nothing to resume")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / checkpoint.step_file(5)).write_bytes(b"x")
+    assert after_stop(tmp_path, "tinygpt train") == f"resume with: tinygpt train <the same overrides> hydra.run.dir={tmp_path}"
