@@ -113,14 +113,26 @@ class RNNSettings:
 
 @dataclass
 class TokenizerSettings:
-    kind: str = "char"  # char (alphabet fitted on the corpus) | byte | tiktoken
-    name: str = "gpt2"  # tiktoken: gpt2 | r50k_base | p50k_base | cl100k_base | o200k_base
+    kind: str = "char"  # char (alphabet fitted on the corpus) | byte | tiktoken | bpe (trained on the corpus) | hf
+    name: str = "gpt2"  # tiktoken: gpt2 | r50k_base | p50k_base | cl100k_base | o200k_base; hf: Hub id or folder
     ranks_file: str | None = None  # tiktoken gpt2/r50k_base from a local file (offline)
+    vocab_size: int | None = None  # bpe: tokens in all (256 bytes + end-of-text + merges; null: 8192)
+    train_docs: int | None = None  # bpe: train on at most the first this many documents
+    train_bytes: int | None = 100_000_000  # bpe: ... and at most this many bytes of them (null: no cap)
 
     def __post_init__(self) -> None:
         check_types(self, "data.tokenizer")
-        if self.kind not in ("char", "byte", "tiktoken"):
-            raise TinyGPTError(f"data.tokenizer.kind={self.kind!r} is unknown; use char, byte or tiktoken")
+        if self.kind not in ("char", "byte", "tiktoken", "bpe", "hf"):
+            raise TinyGPTError(f"data.tokenizer.kind={self.kind!r} is unknown; use char, byte, tiktoken, bpe or hf")
+        _at_least(self, "data.tokenizer", 1, ("train_docs", "train_bytes"))
+        if self.kind != "bpe" and self.vocab_size is not None:  # the others' sizes are their own
+            raise TinyGPTError(f"data.tokenizer.vocab_size applies to kind=bpe (a BPE to train), not kind={self.kind}")
+        if self.kind == "bpe" and self.vocab_size is None:
+            self.vocab_size = 8192
+        if self.kind == "bpe" and self.vocab_size < 257:
+            raise TinyGPTError(
+                f"data.tokenizer.vocab_size={self.vocab_size} is too small for a byte-level BPE: use >= 257 (256 bytes + end-of-text)"
+            )
 
 
 @dataclass

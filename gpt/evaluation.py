@@ -29,6 +29,8 @@ def token_bytes(tokenizer, ids) -> int:
         return sum(len(tokenizer.enc.decode_single_token_bytes(i)) for i in ids if i != eot)
     if kind == "byte":
         return sum(1 for i in ids if i < 256)
+    if kind in ("bpe", "hf"):
+        return sum(tokenizer.piece_bytes(i) for i in ids)
     return sum(len(tokenizer.decode([i]).encode("utf-8")) for i in ids if i != eot)
 
 

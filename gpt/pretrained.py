@@ -15,6 +15,7 @@ import torch
 
 from gpt import io
 from gpt.errors import TinyGPTError
+from gpt.hf_tokenizer import HFTokenizer
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import TiktokenTokenizer
 
@@ -111,7 +112,7 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def load_hf_gpt2(source: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     """Our GPT with the weights of a Hugging Face GPT-2 (Hub name or local folder), and the dict
     form of its tokenizer: ours from tinygpt_tokenizer.json (our exports), GPT-2's BPE for
-    GPT-2's vocabulary, else None. A dict, not a tokenizer: comparing it with the data's needs
+    GPT-2's vocabulary, its tokenizer.json for another vocabulary, else None. A dict, not a tokenizer: comparing it with the data's needs
     no download."""
     folder = _resolve_dir(source)
     if not (folder / "config.json").is_file():
@@ -182,6 +183,8 @@ def _tokenizer_for(folder: Path, vocab_size: int) -> dict | None:
     ours = folder / "tinygpt_tokenizer.json"
     if ours.is_file():
         return json.loads(ours.read_text())
+    if (folder / "tokenizer.json").is_file() and vocab_size not in (50257, 50304):  # a model of its own tokenizer
+        return HFTokenizer(str(folder)).to_dict()
     if vocab_size in (50257, 50304):  # GPT-2's, or padded to a multiple of 64
         return {"kind": "tiktoken", "name": "gpt2", "ranks_file": None, "vocab_size": 50257}
     return None
@@ -233,7 +236,20 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
     # vocab.json/merges.txt mean GPT-2's pre-tokenizer: right for r50k/p50k, wrong for cl100k/o200k.
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in ("gpt2", "r50k_base", "p50k_base"):
         write_gpt2_tokenizer_files(tokenizer, out)
+    elif isinstance(tokenizer, HFTokenizer):
+        write_fast_tokenizer_files(tokenizer, out, c.block_size)
     return out
+
+
+def write_fast_tokenizer_files(tokenizer: HFTokenizer, out: Path, max_length: int) -> None:
+    """tokenizer.json as it is, and the config that makes AutoTokenizer load it as a fast
+    tokenizer with tinygpt's ids: special tokens spelt out in text stay ordinary text."""
+    io.write_bytes(out / "tokenizer.json", tokenizer.json_text.encode("utf-8"))
+    eot = tokenizer.tok.id_to_token(tokenizer.eot_id) if tokenizer.eot_id is not None else None
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True, "model_max_length": max_length}
+    if eot is not None:
+        config.update(eos_token=eot, bos_token=eot)
+    io.write_json(out / "tokenizer_config.json", config, indent=2)
 
 
 def _not_in_gpt2(c) -> str | None:

@@ -9,6 +9,8 @@ rebuilds exactly the tokenizer the model was trained with and needs nothing else
 - tiktoken: OpenAI's BPE encodings by name (gpt2, r50k_base, p50k_base, cl100k_base,
   o200k_base), downloaded by tiktoken on first use; or GPT-2's encoding from a local ranks file
   (`ranks_file`), for offline and air-gapped machines.
+- bpe: a byte-level BPE trained on the corpus when it is prepared; hf: any Hugging Face
+  tokenizer.json (gpt/hf_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpt.errors import TinyGPTError
+from gpt.hf_tokenizer import HFTokenizer, TrainedBPE
 
 TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
 GPT2_EOT = "<|endoftext|>"
@@ -172,7 +175,8 @@ def _load_encoding(name: str, ranks_file: str | None):
         ) from None
 
 
-_KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenTokenizer}
+_KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenTokenizer, "bpe": TrainedBPE, "hf": HFTokenizer}
+FITTED = ("char", "bpe")  # learnt from the corpus when it is prepared
 
 
 def normalize_spec(d: dict) -> dict:
@@ -189,10 +193,20 @@ def tokenizer_identity(d: dict) -> dict:
     """What decides the token ids: not where a ranks file lives (its size, `vocab_size`, is part
     of the identity when known), and gpt2 is r50k_base."""
     spec = normalize_spec(d)
+    if spec["kind"] in ("bpe", "hf"):
+        if spec.get("json_text"):  # the tokenizer itself, not where it came from
+            return {"kind": spec["kind"], "sha256": _sha256(spec["json_text"])}
+        return {k: v for k, v in spec.items() if k != "vocab_size" or spec["kind"] == "bpe"}
     spec.pop("ranks_file", None)
     if spec.get("name") == "gpt2":
         spec["name"] = "r50k_base"
     return spec
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def describe(d: dict) -> str:
@@ -203,6 +217,9 @@ def describe(d: dict) -> str:
     if spec["kind"] == "tiktoken":
         size = f" ({spec['vocab_size']:,} tokens)" if spec.get("vocab_size") else ""
         return f"tiktoken {spec['name']}{size}"
+    if spec["kind"] in ("bpe", "hf"):
+        size = f" ({d['vocab_size']:,} tokens)" if d.get("vocab_size") else ""
+        return f"{spec['kind']}{' ' + d['name'] if d.get('name') else ''}{size}"
     return spec["kind"]
 
 

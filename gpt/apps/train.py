@@ -97,8 +97,8 @@ def _resume_point(settings: RunConfig, run_dir: Path | None):
 
 def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
     """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
-    identity are known now; a char vocabulary is fitted to its corpus, compared once the data is
-    prepared (gpt.training.setup)."""
+    identity are known now; a char vocabulary or a BPE is fitted to its corpus, compared once the
+    data is prepared (gpt.training.setup)."""
     from dataclasses import asdict
 
     from gpt.tokenizer import difference, normalize_spec, tokenizer_identity
@@ -106,7 +106,8 @@ def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
     theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
     if "vocab_size" not in ours:  # known once the ranks file is read
         theirs.pop("vocab_size", None)
-    if theirs["kind"] != ours["kind"] or (ours["kind"] != "char" and theirs != ours):
+    # char and bpe are fitted to the corpus and hf read from its file: compared once the data is prepared
+    if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
         raise TinyGPTError(
             f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
             f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"

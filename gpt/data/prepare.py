@@ -32,6 +32,7 @@ import numpy as np
 
 from gpt import io
 from gpt.errors import TinyGPTError
+from gpt.hf_tokenizer import train_bpe, training_sample
 from gpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
 
 FORMAT_VERSION = 2
@@ -163,9 +164,12 @@ def prepare(
     settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
     num_proc, max_docs, max_tokens, shard_tokens."""
     fit_chars = tokenizer_spec["kind"] == "char" and "chars" not in tokenizer_spec
-    tok: Tokenizer | None = None if fit_chars else tokenizer_from_dict(tokenizer_spec)  # fail before touching files
-    # The fingerprint holds what decides the ids (not where a ranks file lives, but its size).
-    tok_identity = tokenizer_spec if fit_chars else tokenizer_identity(tok.to_dict())
+    fit_bpe = tokenizer_spec["kind"] == "bpe" and "json_text" not in tokenizer_spec
+    fitted = fit_chars or fit_bpe
+    tok: Tokenizer | None = None if fitted else tokenizer_from_dict(tokenizer_spec)  # fail before touching files
+    # The fingerprint holds what decides the ids (not where a ranks file lives, but its size; a
+    # tokenizer fitted here, the settings it is fitted with).
+    tok_identity = tokenizer_identity(tokenizer_spec) if fitted else tokenizer_identity(tok.to_dict())
     fp_settings = {k: v for k, v in settings.items() if k != "num_proc"} | {"tokenizer": tok_identity}
     fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp, verify, log)
@@ -197,6 +201,15 @@ def prepare(
     if fit_chars:
         documents = list(documents)  # the alphabet is fitted on the whole corpus first
         tok = CharTokenizer.fit("".join(documents))
+    elif fit_bpe:  # trained on the first documents, which are then encoded with the rest
+        caps = tokenizer_spec.get("train_docs"), tokenizer_spec.get("train_bytes")
+        sample = training_sample(documents, *caps)
+        tok = train_bpe(sample, tokenizer_spec["vocab_size"], *caps)
+        documents = itertools.chain(sample, documents)
+        # the library's thread pool was used before the encoding processes fork: say so, or each warns
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        short = tok.vocab_size < tokenizer_spec["vocab_size"]
+        log(f"trained a byte-level BPE of {tok.vocab_size:,} tokens" + " (the sample has no more pairs to merge)" * short)
     dtype = token_dtype(tok.vocab_size)
     num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
 
