@@ -108,6 +108,9 @@ def _init_worker(tok_dict: dict) -> None:
     # A forked worker inherits the trainer's signal handlers: the pool ends its workers with
     # SIGTERM, which must end them (not raise a clean-stop exception in them: the pool then hangs).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Processes parallelise here; a Hugging Face tokenizer forked after its thread pool ran (a BPE
+    # just trained) would otherwise warn in every worker.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = tokenizer_from_dict(tok_dict)
 
 
@@ -133,8 +136,9 @@ def _chunks(docs: Iterable[str], n: int) -> Iterator[list[str]]:
 def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tokens, document lengths) chunk by chunk, in document order, computed by `num_proc`
     processes."""
-    if num_proc <= 1:
-        _init_worker(tok.to_dict())
+    global _worker_tokenizer
+    if num_proc <= 1:  # in this process: its signal handlers and settings stay as they are
+        _worker_tokenizer = tok
         yield from map(_encode_chunk, _chunks(docs, _CHUNK_DOCS))
         return
     # fork: workers start instantly and never touch CUDA. But forking a process whose CUDA/NCCL
@@ -188,28 +192,26 @@ def prepare(
     if first is None:
         raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
     documents = itertools.chain([first], documents)
+    if settings.get("max_docs"):
+        documents = itertools.islice(documents, int(settings["max_docs"]))
+        total = min(total, int(settings["max_docs"])) if total is not None else None
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
+    if fit_bpe:  # before the old data goes: a BPE that cannot be trained leaves it as it was
+        caps = tokenizer_spec.get("train_docs"), tokenizer_spec.get("train_bytes")
+        sample = training_sample(documents, *caps)
+        tok = train_bpe(sample, tokenizer_spec["vocab_size"], *caps)
+        documents = itertools.chain(sample, documents)  # encoded with the rest
+        short = tok.vocab_size < tokenizer_spec["vocab_size"]
+        log(f"trained a byte-level BPE of {tok.vocab_size:,} tokens" + " (the sample has no more pairs to merge)" * short)
     # Invalidate first: from here until the new meta lands, the folder reads as unprepared.
     (out_dir / "meta.json").unlink(missing_ok=True)
     for old in out_dir.glob("*.bin"):
         old.unlink()
     _remove_dead_temporaries(out_dir)
 
-    if settings.get("max_docs"):
-        documents = itertools.islice(documents, int(settings["max_docs"]))
-        total = min(total, int(settings["max_docs"])) if total is not None else None
     if fit_chars:
         documents = list(documents)  # the alphabet is fitted on the whole corpus first
         tok = CharTokenizer.fit("".join(documents))
-    elif fit_bpe:  # trained on the first documents, which are then encoded with the rest
-        caps = tokenizer_spec.get("train_docs"), tokenizer_spec.get("train_bytes")
-        sample = training_sample(documents, *caps)
-        tok = train_bpe(sample, tokenizer_spec["vocab_size"], *caps)
-        documents = itertools.chain(sample, documents)
-        # the library's thread pool was used before the encoding processes fork: say so, or each warns
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        short = tok.vocab_size < tokenizer_spec["vocab_size"]
-        log(f"trained a byte-level BPE of {tok.vocab_size:,} tokens" + " (the sample has no more pairs to merge)" * short)
     dtype = token_dtype(tok.vocab_size)
     num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
 

@@ -254,3 +254,28 @@ def test_a_meta_that_is_not_an_object_reads_as_unprepared(tmp_path):
     for text in ("[1, 2]", '"meta"', "null", "{bad json"):
         (out / "meta.json").write_text(text)
         assert prepare.read_meta(out, meta["fingerprint"]) is None
+
+
+def test_preparing_in_this_process_leaves_its_signal_handlers_alone(tmp_path):
+    """num_proc=1 encodes in the calling process: the trainer's clean-stop handler for SIGTERM
+    must still be there afterwards (the pool workers' reset is theirs alone)."""
+
+    def handler(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        prep_char(_write_text(tmp_path), tmp_path / "prep")
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_bpe_that_cannot_be_trained_leaves_the_prepared_data(tmp_path):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    settings = {"identity": SHA, "val_fraction": 0.1, "split_by": "tail", "num_proc": 1}
+    meta = prepare.prepare([src.read_text()], {"kind": "bpe", "vocab_size": 300}, out, settings, log=lambda *_: None)
+    with pytest.raises(TinyGPTError, match="vocab_size=100 is too small"):
+        prepare.prepare([src.read_text()], {"kind": "bpe", "vocab_size": 100}, out, settings, log=lambda *_: None)
+    assert read_meta(out, meta["fingerprint"]) == meta  # the earlier preparation, intact
