@@ -36,6 +36,8 @@ class HFTokenizer:
         self.tok = _parse(self.json_text, name or "the tokenizer")
         self.tok.encode_special_tokens = True  # ordinary text never turns into a control token
         self.eot_id = next((i for i in map(self.tok.token_to_id, _EOT_NAMES) if i is not None), None)
+        spec = json.loads(self.json_text).get("pre_tokenizer") or {}
+        self.byte_level = "ByteLevel" in {spec.get("type")} | {p.get("type") for p in spec.get("pretokenizers", [])}
 
     @property
     def vocab_size(self) -> int:
@@ -55,15 +57,9 @@ class HFTokenizer:
         one byte each; other tokenizers' pieces are measured decoded."""
         if i == self.eot_id:
             return 0
-        piece = self.tok.id_to_token(i) or ""
-        if self._byte_level():
-            return len(piece)
+        if self.byte_level:
+            return len(self.tok.id_to_token(i) or "")
         return len(self.decode([i]).encode("utf-8"))
-
-    def _byte_level(self) -> bool:
-        spec = json.loads(self.json_text).get("pre_tokenizer") or {}
-        kinds = {spec.get("type")} | {p.get("type") for p in spec.get("pretokenizers", [])}
-        return "ByteLevel" in kinds
 
     def identity(self) -> str:
         return hashlib.sha256(self.json_text.encode()).hexdigest()
