@@ -12,7 +12,6 @@ pieces, never the end-of-text id (as with tiktoken), so a corpus cannot forge do
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,9 +59,6 @@ class HFTokenizer:
         if self.byte_level:
             return len(self.tok.id_to_token(i) or "")
         return len(self.decode([i]).encode("utf-8"))
-
-    def identity(self) -> str:
-        return hashlib.sha256(self.json_text.encode()).hexdigest()
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "name": self.name, "json_text": self.json_text, "vocab_size": self.vocab_size}
