@@ -38,7 +38,7 @@ def check_types(obj, section: str) -> None:
         if typing.get_origin(hint) is list:  # list[str]: a list of such items
             (item,) = typing.get_args(hint)
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, item) for v in value):
-                raise TinyGPTError(f"{_key(section, f.name)} must be a list of {_NAMES[item]}s, e.g. [a, b]; got {value!r}")
+                raise TinyGPTError(f"{_key(section, f.name)} must be {expected_type(type(obj), f.name)}; got {value!r}")
             continue
         allowed = typing.get_args(hint) or (hint,)  # `int | None` -> (int, NoneType)
         if hint is Any or any(t not in _NAMES and t is not type(None) for t in allowed):
@@ -60,6 +60,8 @@ def expected_type(cls, name: str) -> str | None:
     hints = typing.get_type_hints(cls) if hasattr(cls, "__dataclass_fields__") else {}
     if name not in hints:
         return None
+    if typing.get_origin(hints[name]) is list:
+        return f"a list of {_NAMES[typing.get_args(hints[name])[0]].split(' ', 1)[1]}s, e.g. [a, b]"  # "a string" -> strings
     allowed = typing.get_args(hints[name]) or (hints[name],)
     names = [_NAMES.get(t, "null" if t is type(None) else None) for t in allowed]
     return " or ".join(names) if all(names) else None

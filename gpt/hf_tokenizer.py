@@ -13,6 +13,7 @@ pieces, never the end-of-text id (as with tiktoken), so a corpus cannot forge do
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,9 +57,12 @@ class HFTokenizer:
         one byte each; other tokenizers' pieces are measured decoded."""
         if i == self.eot_id:
             return 0
+        piece = self.tok.id_to_token(i) or ""
         if self.byte_level:
-            return len(self.tok.id_to_token(i) or "")
-        return len(self.decode([i]).encode("utf-8"))
+            return len(piece)
+        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):  # SentencePiece's byte fallback: one byte
+            return 1
+        return len(piece.replace("\u2581", " ").encode("utf-8"))  # ▁ is the space before a word
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "name": self.name, "json_text": self.json_text, "vocab_size": self.vocab_size}

@@ -244,7 +244,9 @@ def export_hf(model: GPT, tokenizer, out_dir: str | Path) -> Path:
 def write_fast_tokenizer_files(tokenizer: HFTokenizer, out: Path, max_length: int) -> None:
     """tokenizer.json as it is, and the config that makes AutoTokenizer load it as a fast
     tokenizer with tinygpt's ids: special tokens spelt out in text stay ordinary text."""
-    io.write_bytes(out / "tokenizer.json", tokenizer.json_text.encode("utf-8"))
+    spec = json.loads(tokenizer.json_text)
+    spec["post_processor"] = None  # tinygpt adds no special tokens (BOS templates would shift every id)
+    io.write_bytes(out / "tokenizer.json", json.dumps(spec, ensure_ascii=False).encode("utf-8"))
     eot = tokenizer.tok.id_to_token(tokenizer.eot_id) if tokenizer.eot_id is not None else None
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True, "model_max_length": max_length}
     if eot is not None:

@@ -96,6 +96,19 @@ def check(run_dir: Path) -> None:
         raise _refusal(run_dir, owner)
 
 
+def _create(aside: Path, lock: Path) -> None:
+    """`lock` with `aside`'s content, or FileExistsError. A hard link appears whole; where the
+    filesystem has none (vfat, some network mounts), an exclusive create and a write."""
+    try:
+        os.link(aside, lock)
+    except FileExistsError:
+        raise
+    except OSError:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(aside.read_text())
+
+
 class RunLock:
     def __init__(self, run_dir: Path, log=print):
         self.path, self.run_dir, self.log, self.held = Path(run_dir) / LOCK, Path(run_dir), log, False
@@ -108,7 +121,7 @@ class RunLock:
         try:
             for _ in range(2):
                 try:
-                    os.link(aside, self.path)  # fails if the lock exists; never shows a half-written file
+                    _create(aside, self.path)
                 except FileExistsError:
                     owner = owner_of(self.run_dir)
                     if _is_me(owner):

@@ -31,8 +31,9 @@ def pieces(context: list[int], continuation: list[int], block_size: int | None) 
     positions predict). One piece when the continuation fits the window: context +
     continuation minus its last token, cut from the left to block_size. A longer continuation
     (a HellaSwag ending in characters, for a 64-character model) is scored block_size tokens at
-    a time, each piece with the longest context its window allows. block_size None (recurrent
-    models): no window, everything in one piece."""
+    a time in back-to-back windows (the harness's rolling windows): a window's first token is
+    its only context for the next, so such a choice is scored with less of the item's context.
+    block_size None (recurrent models): no window, everything in one piece."""
     if not continuation:
         raise TinyGPTError("a continuation needs at least one token to score")
     if not context:

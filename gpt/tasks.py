@@ -130,6 +130,8 @@ def examples(settings: TaskSettings, data_root: Path) -> list[Example]:
 
     task = task_of(settings.name)
     src = source_of(settings, data_root)
+    if src.kind == "local" and Path(src.path).is_file() and Path(src.path).stat().st_size == 0:
+        raise TinyGPTError(f"task {settings.name}: {src.path} is empty; it should hold the task's items, one JSON object a line")
     try:
         items = _parsed(settings.name, task, records(src, data_root))
         out = list(itertools.islice(items, settings.limit))
@@ -148,10 +150,17 @@ def examples(settings: TaskSettings, data_root: Path) -> list[Example]:
 def _parsed(name: str, task: Task, items: Iterable[dict]) -> Iterator[Example]:
     for number, record in enumerate(items, 1):
         try:
-            yield task.parse(record)
+            example = task.parse(record)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
             raise TinyGPTError(f"item {number} is not a {name} item ({type(e).__name__}: {e}; its fields: {fields})") from None
+        # what scoring cannot rank: no choices, an empty one (acc_norm divides by its length), no right one
+        if not example.choices or not all(example.choices) or not 0 <= example.gold < len(example.choices):
+            raise TinyGPTError(
+                f"item {number} cannot be scored: {len(example.choices)} choice(s) "
+                f"{'(one of them empty) ' if not all(example.choices) else ''}and the right one is number {example.gold + 1}"
+            )
+        yield example
 
 
 def metric_names(name: str) -> tuple[str, ...]:

@@ -140,3 +140,44 @@ def test_a_hugging_face_folder_with_its_own_tokenizer_json_loads_with_it(tmp_pat
     (tmp_path / "tokenizer.json").write_text(trained.json_text)
     loaded = loading.load(str(tmp_path))
     assert loaded.tokenizer().encode(TRICKY[2]) == trained.encode(TRICKY[2])
+
+
+def _sentencepiece_style(tmp_path):
+    """A Llama-style tokenizer: Metaspace (▁ before words), byte fallback, a BOS template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    specials = ["<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok.train_from_iterator(_corpus(), trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    folder = tmp_path / "sp"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return HFTokenizer(str(folder))
+
+
+def test_bytes_are_counted_right_for_a_sentencepiece_style_tokenizer(tmp_path):
+    tok = _sentencepiece_style(tmp_path)
+    for text in ("the cat sat on the mat", "naïve € 日本", "aber die Straße"):
+        ids = tok.encode(text)
+        # Metaspace puts a space before the first word, which decoding strips: the text's first
+        # token counts it (evaluation never scores a text's first token: it is context only)
+        assert token_bytes(tok, ids) == len(text.encode("utf-8")) + 1
+        assert token_bytes(tok, ids[1:]) == len(text.encode("utf-8")) - len(tok.decode(ids[:1]).encode("utf-8"))
+
+
+def test_an_exported_tokenizer_adds_no_special_tokens(tmp_path):
+    """A BOS template in the tokenizer.json would shift every id AutoTokenizer gives: the export
+    drops it (tinygpt never adds special tokens)."""
+    transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
+    from gpt.pretrained import write_fast_tokenizer_files
+
+    tok = _sentencepiece_style(tmp_path)
+    write_fast_tokenizer_files(tok, tmp_path / "out", 64)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    for text in ("the cat sat", "naïve € 日本"):
+        assert hf(text)["input_ids"] == tok.encode(text)

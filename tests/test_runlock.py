@@ -148,3 +148,26 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     with pytest.raises(TinyGPTError, match="is being trained by process"):
         protect_earlier_run([f"hydra.run.dir={tmp_path / 'b'}"])
     assert (tmp_path / "b" / ".hydra").is_dir() and not (tmp_path / "b" / ".hydra-1").exists()
+
+
+def test_an_interpolated_run_dir_is_left_to_the_trainer(tmp_path, monkeypatch):
+    """hydra.run.dir='outputs/${now:...}' names no directory until Hydra resolves it: no folder
+    of that literal name is made or locked (two such starts must not refuse each other)."""
+    from gpt.apps.train import protect_earlier_run
+
+    monkeypatch.chdir(tmp_path)
+    protect_earlier_run(["hydra.run.dir=outputs/${now:%H-%M-%S}"])
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_filesystem_without_hard_links_still_gets_a_lock(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with RunLock(tmp_path):
+        assert json.loads((tmp_path / runlock.LOCK).read_text())["pid"] == os.getpid()
+        with pytest.raises(TinyGPTError, match="is being trained"):
+            _write_lock(tmp_path / "other", pid=1, started=None)
+            RunLock(tmp_path / "other").acquire()  # pid 1 runs: held
+    assert not (tmp_path / runlock.LOCK).exists()

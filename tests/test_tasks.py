@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -242,3 +243,20 @@ def test_gpt2_124m_task_loglikelihoods_equal_transformers(tmp_path, gpt2_ranks):
             assert abs(s.logprob - expected) <= 1e-4, (s.logprob, expected)
     spread = [s.logprob / s.tokens for s in ours]
     assert max(spread) - min(spread) > 0.1  # peaked enough that the comparison can tell tokens apart
+
+
+@pytest.mark.parametrize(
+    "record, says",
+    [
+        ({**HELLASWAG[1], "endings": ["[step]", "with oil."]}, "2 choice(s) (one of them empty)"),
+        ({**HELLASWAG[1], "endings": []}, "0 choice(s)"),
+        ({**HELLASWAG[1], "label": 7}, "4 choice(s) and the right one is number 8"),
+    ],
+)
+def test_an_item_that_cannot_be_scored_is_a_one_line_error(tmp_path, record, says):
+    path = _jsonl(tmp_path / "h.jsonl", [HELLASWAG[0], record])
+    with pytest.raises(TinyGPTError, match=f"task hellaswag: item 2 cannot be scored: {re.escape(says)}"):
+        examples(TaskSettings("hellaswag", path=str(path)), tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(TinyGPTError, match="empty.jsonl is empty; it should hold the task's items"):
+        examples(TaskSettings("hellaswag", path=str(tmp_path / "empty.jsonl")), tmp_path)

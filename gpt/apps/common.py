@@ -5,6 +5,7 @@ one-line error for any mistake, and running a command so that a user's mistake e
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -274,8 +275,9 @@ def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: C
     def run():
         # A placeholder stands in for each verbatim value while composing (a required key is given).
         settings = compose(config_name, [*argv, *(f"{key}=given" for key in given)], command)
-        for key, value in given.items():
-            setattr(settings, key, value)
+        for key, value in given.items():  # a dotted key (task.path) sets a field of a section
+            *path, name = key.split(".")
+            setattr(functools.reduce(getattr, path, settings), name, value)
         return fn(settings)
 
     return guard(run)

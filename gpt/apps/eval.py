@@ -23,7 +23,9 @@ from gpt.errors import TinyGPTError
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    common.run_command(argv, "eval", "tinygpt eval", __doc__, evaluate, verbatim=("run_dir", "ckpt", "init_from", "text_file"))
+    common.run_command(
+        argv, "eval", "tinygpt eval", __doc__, evaluate, verbatim=("run_dir", "ckpt", "init_from", "text_file", "task.path")
+    )
 
 
 def evaluate(s: EvalConfig) -> dict:

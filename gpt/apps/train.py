@@ -126,6 +126,8 @@ def protect_earlier_run(overrides: list[str]) -> None:
             raise TinyGPTError(f"{key}={values[key]} is a file; name a directory (new, or a run's own to resume it)")
     if "hydra.run.dir" not in values or common.rank() != 0:
         return
+    if "${" in values["hydra.run.dir"]:  # resolved by Hydra (a time, a job id): the trainer locks what it becomes
+        return
     run_dir = Path(values["hydra.run.dir"]).expanduser()
     # Held from now until this process ends (the trainer finds it its own): between a check here
     # and a lock taken in the trainer, a second start could still move the running run's record.

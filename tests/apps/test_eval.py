@@ -48,7 +48,7 @@ def test_eval_scores_a_zero_shot_task_on_a_char_model(tmp_path, trained_run, dat
 
     _, run_dir, _ = trained_run
     root, _ = data_root
-    items = tmp_path / "arc.jsonl"
+    items = tmp_path / "données (1).jsonl"  # a browser download's name: taken as typed, past Hydra's grammar
     rows = [
         {
             "id": "1",

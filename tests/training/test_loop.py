@@ -423,6 +423,8 @@ def test_eval_tasks_that_cannot_be_had_fail_before_training(tmp_path, data_root,
     root, data_overrides = data_root
     with pytest.raises(TinyGPTError, match="task='hellaswa' is unknown"):
         compose([*QUICK, *data_overrides, "train.eval_tasks=[hellaswa]"], tmp_path / "a")
+    with pytest.raises(TinyGPTError, match="train.eval_tasks must be a list of strings, e.g. \\[a, b\\]"):
+        compose([*QUICK, *data_overrides, "train.eval_tasks=hellaswag"], tmp_path / "a")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
