@@ -303,8 +303,10 @@ class Trainer:
     def _eval_and_save(self, step: int) -> None:
         r, ts, p = self.run, self.ts, self.run.progress
         self.last_eval = losses = self.evaluate()
-        improved = losses["val"] < p.best_val
-        p.best_val = min(p.best_val, losses["val"])
+        # A state that will not be saved (a non-finite step just skipped, see save) is no best:
+        # the run's best must be what best.pt holds. (Step 0 has no checkpoint either way.)
+        improved = losses["val"] < p.best_val and (step == 0 or self._healthy())
+        p.best_val = min(p.best_val, losses["val"]) if improved else p.best_val
         self.evals_done += 1
         self.records.eval(step, losses["train"], losses["val"], p.best_val)
         r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))

@@ -431,3 +431,16 @@ def test_eval_tasks_that_cannot_be_had_fail_before_training(tmp_path, data_root,
     with pytest.raises(TinyGPTError, match="task lambada: cannot reach Hub dataset EleutherAI/lambada_openai"):
         build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}", "train.eval_tasks=[lambada]"], tmp_path / "b"))
     assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_an_eval_that_is_not_saved_is_not_recorded_as_the_best(tmp_path, data_root, monkeypatch):
+    """One non-finite step right before the last eval: that eval's state is not saved (item 13's
+    rule), so its val loss must not become the run's best either: summary.json's best is what
+    best.pt holds."""
+    root, data_overrides = data_root
+    _poison(monkeypatch, {20})
+    train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=20"], tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")
+    assert best.step == 10 and summary["best_val_loss"] == pytest.approx(best.best_val_loss)
+    assert summary["final_val_loss"] < best.best_val_loss  # the eval at 20 was better, and is reported as the last
