@@ -105,3 +105,41 @@ def test_process_placement_from_torchrun_or_slurm(monkeypatch):
     assert distributed.from_env() == distributed.Dist(3, 3, 4, 4)  # no LOCAL_WORLD_SIZE: one node
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert distributed.from_env() == distributed.Dist(3, 3, 4, 2)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
+    """Rank 0's disk fills while it writes ckpt-20 (checkpoint.save patched to fail in rank 0
+    only, through a sitecustomize module): both workers stop with the one-line error instead of
+    rank 1 waiting at a barrier for a rank that has left, and ckpt-10 is kept."""
+    root, data_overrides = data_root
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '0':\n"
+        "    from gpt import checkpoint\n"
+        "    from gpt.errors import TinyGPTError\n"
+        "    real = checkpoint.save\n"
+        "    def save(path, ckpt):\n"
+        "        if path.name == 'ckpt-0000020.pt':\n"
+        "            raise TinyGPTError('could not write ckpt-0000020.pt (No space left on device); the previous one is kept')\n"
+        "        return real(path, ckpt)\n"
+        "    checkpoint.save = save\n"
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{hooks}:{REPO}"}
+    run_dir = tmp_path / "run"
+    args = [
+        "debug=tiny",
+        *data_overrides,
+        "device=cpu",
+        "train.max_iters=30",
+        "train.sample_tokens=0",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.run([*TORCHRUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "No space left on device" in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    # rank 1 stopped on its own, told by rank 0 (not killed by torchrun after waiting: a SLURM
+    # launch would have no one to kill it)
+    assert "rank 0 could not save step 20" in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert [p.name for p in checkpoint.step_checkpoints(run_dir)] == ["ckpt-0000010.pt"]

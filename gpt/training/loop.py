@@ -121,12 +121,17 @@ class Trainer:
             return checkpoint.latest(r.out_dir)
         path = r.ckpt_dir / checkpoint.step_file(r.progress.step)
         rng = distributed.gather(runtime.rng_state(r.rt.device), r.dist)  # every rank's own
+        failed: TinyGPTError | None = None
         if r.dist.is_main:
-            if best:
-                checkpoint.save(r.ckpt_dir / checkpoint.BEST, self.checkpoint(rng=None))
-            checkpoint.save(path, self.checkpoint(rng=rng))
-            checkpoint.prune(r.out_dir, self.ts.keep_last)
-        distributed.barrier(r.dist)
+            try:
+                if best:
+                    checkpoint.save(r.ckpt_dir / checkpoint.BEST, self.checkpoint(rng=None))
+                checkpoint.save(path, self.checkpoint(rng=rng))
+                checkpoint.prune(r.out_dir, self.ts.keep_last)
+            except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
+                failed = e
+        if distributed.any_true(failed is not None, r.dist, r.rt.device):  # every rank learns of it, and stops
+            raise failed or TinyGPTError(f"rank 0 could not save step {r.progress.step}; see its error")
         return path
 
     def _healthy(self) -> bool:
