@@ -423,6 +423,40 @@ class SampleConfig(SamplingSettings, ModelChoice):
 
 
 @dataclass
+class ServeConfig(ModelChoice):
+    """`python serve.py` / `tinygpt serve`: a web playground and an OpenAI-compatible completions
+    API (gpt/serve/). Request limits are here; each request's sampling controls come with it."""
+
+    # several to choose from per request: a list of run dirs, checkpoints or GPT-2 names, or all (every run under paths.runs_dir)
+    models: Any = None
+    host: str = "127.0.0.1"  # 0.0.0.0 serves other machines too: set api_key then
+    port: int = 8000
+    api_key: str | None = None  # required as "Authorization: Bearer <key>" when set (null: $TINYGPT_API_KEY, else none)
+    max_batch: int = 32  # rows (prompts x n) decoded together; a finished row frees its slot at once
+    max_queue: int = 64  # requests waiting for a slot; beyond it: 503 with Retry-After
+    max_streams: int = 64  # streaming requests open at once; beyond it: 429 with Retry-After
+    max_body_bytes: int = 1_000_000  # larger request bodies: 413
+    # longer prompts: 400 (null: the model's context); one longer than the context keeps its last block_size tokens, as in sample.py
+    max_prompt_tokens: int | None = None
+    max_tokens: int = 2048  # the largest max_tokens a request may ask for
+    max_n: int = 8  # the largest n (completions per prompt) times prompts a request may ask for
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None  # CPU threads; null: the free cores
+
+    def __post_init__(self) -> None:
+        check_types(self, "")
+        positive = ("max_batch", "max_streams", "max_body_bytes", "max_prompt_tokens", "max_tokens", "max_n", "threads")
+        _at_least(self, "", 1, positive)
+        _at_least(self, "", 0, ("max_queue",))
+        if not 1 <= self.port <= 65535:
+            raise TinyGPTError(f"port must be in 1..65535, got {self.port}")
+        if isinstance(self.models, str):
+            self.models = [self.models]
+        self.models = [str(m) for m in (self.models or [])]
+
+
+@dataclass
 class TaskSettings:
     """A zero-shot task (`tinygpt eval task=<name>`; the tasks and their default sources: gpt/tasks.py)."""
 
@@ -502,6 +536,7 @@ def register_schemas() -> None:
         ("schema_eval", EvalConfig),
         ("schema_export", ExportConfig),
         ("schema_sweep", SweepConfig),
+        ("schema_serve", ServeConfig),
     ):
         store.store(name=name, node=node)
     store.store(group="model", name="schema_gpt", node=GPTSettings)

@@ -175,7 +175,7 @@ class Decoder:
 
 
 @dataclass
-class _Row:
+class TextRow:
     ids: list[int] = field(default_factory=list)
     emitted: str = ""  # text yielded so far
     done: bool = False
@@ -212,7 +212,7 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, 
     row_prompts = [ids for ids in encoded for _ in range(num_samples)]
     seeds = [cfg.seed + s for _ in encoded for s in range(num_samples)]
     decoder = Decoder(model, row_prompts, cfg, seeds)
-    rows = [_Row() for _ in row_prompts]
+    rows = [TextRow() for _ in row_prompts]
     eot = getattr(tokenizer, "eot_id", None) if cfg.stop_at_eot else None
 
     was_training = model.training
@@ -231,7 +231,7 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, 
                         yield r, piece
                     continue
                 row.ids.append(tok)
-                piece = _advance(row, _decode_safe(tokenizer, row.ids), cfg.stop)
+                piece = advance_text(row, decode_safe(tokenizer, row.ids), cfg.stop)
                 if piece:
                     yield r, piece
             if all(row.done for row in rows):
@@ -246,14 +246,14 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, 
         model.train(was_training)
 
 
-def _decode_safe(tokenizer, ids: list[int]) -> str:
+def decode_safe(tokenizer, ids: list[int]) -> str:
     """Decoded text of ids, holding back a trailing partial UTF-8 character (BPE tokenizers can
     split one character over several tokens; decoding them one by one would show garbage)."""
     text = tokenizer.decode(ids)
     return text[:-1] if text.endswith("\ufffd") else text
 
 
-def _advance(row: _Row, full: str, stops: tuple[str, ...]) -> str:
+def advance_text(row: TextRow, full: str, stops: tuple[str, ...]) -> str:
     """The next piece of row's text that can be shown, given its full decoded text so far.
 
     Text that could be the start of a stop string is held back until it is decided, so shown

@@ -11,7 +11,7 @@ import torch
 
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.generation import Decoder, _advance, _decode_safe, _Row, filter_logits, generate, penalize_repeats, stream
+from gpt.generation import Decoder, TextRow, advance_text, decode_safe, filter_logits, generate, penalize_repeats, stream
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import CharTokenizer
 
@@ -131,12 +131,12 @@ def test_stop_strings_cut_output_and_streaming_matches():
 
 
 def test_text_that_may_start_a_stop_string_is_held_back():
-    row = _Row()
-    assert _advance(row, "hello wo", ("world",)) == "hello "  # "wo" might begin "world"
-    assert _advance(row, "hello wax", ("world",)) == "wax"
-    row = _Row()
-    assert _advance(row, "a wor", ("world",)) == "a "
-    assert _advance(row, "a world!", ("world",)) == "" and row.done and row.emitted == "a "
+    row = TextRow()
+    assert advance_text(row, "hello wo", ("world",)) == "hello "  # "wo" might begin "world"
+    assert advance_text(row, "hello wax", ("world",)) == "wax"
+    row = TextRow()
+    assert advance_text(row, "a wor", ("world",)) == "a "
+    assert advance_text(row, "a world!", ("world",)) == "" and row.done and row.emitted == "a "
 
 
 def test_partial_utf8_is_held_back():
@@ -145,8 +145,8 @@ def test_partial_utf8_is_held_back():
             return bytes(ids).decode("utf-8", errors="replace")
 
     e_acute = list("é".encode())
-    assert _decode_safe(Bytes(), [104, e_acute[0]]) == "h"
-    assert _decode_safe(Bytes(), [104, *e_acute]) == "hé"
+    assert decode_safe(Bytes(), [104, e_acute[0]]) == "h"
+    assert decode_safe(Bytes(), [104, *e_acute]) == "hé"
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -7,6 +7,7 @@
     tinygpt prepare [key=value ...]        tokenize a dataset ahead of training
     tinygpt sweep   <sweep dir>            a sweep's leaderboard and val curves
     tinygpt harness <lm_eval options>      lm-evaluation-harness tasks on a model
+    tinygpt serve   [key=value ...]        a web playground and an OpenAI-compatible API
 
 `tinygpt <command> --help` lists a command's settings with their defaults.
 """
@@ -18,7 +19,7 @@ import sys
 
 from gpt.apps.common import fail
 
-COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "harness")
+COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "harness", "serve")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -130,7 +130,7 @@ def test_user_mistakes_get_one_line_errors_and_earlier_runs_survive(trained_run,
         ("export", [], ["out is required"]),
         ("sweep", [], ["dir is required"]),
         ("sweep", ["dir=/nowhere/sweep"], ["/nowhere/sweep does not exist"]),
-        ("serve", [], ["unknown command 'serve'", "train, sample"]),
+        ("fly", [], ["unknown command 'fly'", "train, sample"]),
     ]
     for script, args, needles in early:
         assert_one_line_error(run_script(script, args, cwd, root), *needles)

@@ -1,0 +1,352 @@
+"""The web layer: an OpenAI-compatible completions API and the playground page, over the
+batching engine (gpt/serve/engine.py). No tensors here, and no file read but the page itself.
+
+    GET  /                 the playground (gpt/serve/static/playground.html)
+    GET  /health           ok, and each model's load (no API key needed)
+    GET  /v1/models        the models this server was started with
+    POST /v1/completions   OpenAI's completions API, streaming or not
+
+Every error is OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}; a failure of
+the server's own is logged there and answered with one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpt.config import SamplingSettings, ServeConfig
+from gpt.errors import TinyGPTError
+from gpt.generation import encode_prompt
+from gpt.serve.engine import Engine, Job
+from gpt.serve.schemas import CompletionRequest, describe, error_body
+
+logger = logging.getLogger("tinygpt")
+
+RETRY_AFTER_S = 1  # what a client told to come back (503, 429) waits
+
+
+@dataclass
+class ServedModel:
+    id: str  # what requests name it by (never a path the server opens)
+    engine: Engine
+    tokenizer: object
+    block_size: int
+    source: str  # for the server's own log
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param=None, code=None, headers=None):
+        super().__init__(message)
+        self.status, self.body, self.headers = status, error_body(message, kind, param, code), headers
+
+
+def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving `models` (the first is the default) under `settings`' limits;
+    `api_key`, when given, is required as `Authorization: Bearer <key>` on /v1/*."""
+    app = FastAPI(title="tinygpt", docs_url=None, redoc_url=None, openapi_url=None)
+    by_id = {m.id: m for m in models}
+    streams = {"open": 0}
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return JSONResponse(e.body, status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, e: Exception):
+        logger.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal server error; see the server's log", "server_error"), status_code=500)
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' with the key the server was started with",
+                code="invalid_api_key",
+            )
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground():
+        return HTMLResponse(resources.files("gpt.serve").joinpath("static/playground.html").read_text(encoding="utf-8"))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": {m.id: m.engine.load() for m in models}, "open_streams": streams["open"]}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        authorize(request)
+        return {
+            "object": "list",
+            "data": [
+                {"id": m.id, "object": "model", "created": m.created, "owned_by": "tinygpt", "context_length": m.block_size}
+                for m in models
+            ],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        authorize(request)
+        req = _parse(await _json_body(request, settings.max_body_bytes))
+        served = _pick_model(req, by_id, models)
+        rows = len(req.prompts()) * req.n
+        if rows > settings.max_n:
+            raise ApiError(400, f"n x prompts = {rows} exceeds this server's limit of {settings.max_n}", param="n")
+        if req.max_tokens > settings.max_tokens:
+            raise ApiError(
+                400, f"max_tokens {req.max_tokens} exceeds this server's limit of {settings.max_tokens}", param="max_tokens"
+            )
+        prompts, n_prompt_tokens = _encode(req, served, settings)
+        try:
+            sampling = SamplingSettings(
+                max_new_tokens=req.max_tokens,
+                temperature=req.temperature,
+                top_k=req.top_k,
+                top_p=req.top_p,
+                min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty,
+                stop=list(req.stop or ()),
+                seed=req.seed if req.seed is not None else secrets.randbelow(2**31),
+            )
+        except TinyGPTError as e:
+            raise ApiError(400, str(e)) from None
+
+        if req.stream and streams["open"] >= settings.max_streams:
+            raise ApiError(
+                429,
+                f"{streams['open']} streams are open, this server's limit; retry shortly",
+                kind="rate_limit_error",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        job = Job(prompts, sampling, req.n, emit=lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs))
+        if not served.engine.submit(job):
+            raise ApiError(
+                503,
+                "the server is busy (its queue is full); retry shortly",
+                kind="server_overloaded",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        reply = _Reply(req, served.id, job.rows, n_prompt_tokens)
+        if req.stream:
+            streams["open"] += 1
+
+            def closed() -> None:
+                job.cancel()  # a no-op once finished; else the client has gone: free its rows
+                streams["open"] -= 1
+
+            return _EventStream(_stream(events, reply), closed)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job, events))
+        try:
+            while not reply.finished:
+                batch = await events.get()
+                if job.cancelled.is_set():  # nobody is waiting for the answer
+                    return JSONResponse(error_body("client disconnected"), status_code=499)
+                reply.take(batch)
+        finally:
+            watcher.cancel()
+            job.cancel()  # a no-op once finished; frees the rows if this handler was cancelled
+        if reply.error:
+            raise ApiError(500, reply.error, kind="server_error")
+        return reply.body()
+
+    return app
+
+
+async def _json_body(request: Request, limit: int):
+    """The body as JSON, read up to `limit` bytes (more: 413, whatever Content-Length says)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413, f"the request body is {int(declared)} bytes; this server takes at most {limit}", code="body_too_large"
+        )
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the request body is over this server's limit of {limit} bytes", code="body_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+
+
+def _parse(data) -> CompletionRequest:
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        req = CompletionRequest.model_validate(data)
+    except ValidationError as e:
+        message, param = describe(e)
+        raise ApiError(400, message, param=param) from None
+    unsupported = req.unsupported()
+    if unsupported:
+        raise ApiError(400, unsupported)
+    return req
+
+
+def _pick_model(req: CompletionRequest, by_id: dict, models: list[ServedModel]) -> ServedModel:
+    if req.model is None:
+        return models[0]
+    if req.model not in by_id:
+        raise ApiError(
+            404,
+            f"model {req.model!r} is not served here; choose one of: {', '.join(by_id)} (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+    return by_id[req.model]
+
+
+def _encode(req: CompletionRequest, served: ServedModel, settings: ServeConfig) -> tuple[list[list[int]], int]:
+    """Each prompt's tokens, within the limits; a prompt longer than the context keeps its last
+    block_size tokens, as sample.py does (only when max_prompt_tokens allows it)."""
+    limit = settings.max_prompt_tokens or served.block_size
+    vocab = served.tokenizer.vocab_size
+    prompts = req.prompts()
+    if not prompts:
+        raise ApiError(400, "prompt is an empty list; give at least one prompt", param="prompt")
+    encoded, total = [], 0
+    for p in prompts:
+        if isinstance(p, str):
+            try:
+                ids = encode_prompt(served.tokenizer, p, None)
+            except TinyGPTError as e:
+                raise ApiError(400, str(e), param="prompt") from None
+        else:
+            ids = list(p) or encode_prompt(served.tokenizer, "", None)
+            if any(not 0 <= t < vocab for t in ids):
+                raise ApiError(400, f"prompt token ids must be in 0..{vocab - 1} (this model's vocabulary)", param="prompt")
+        if len(ids) > limit:
+            raise ApiError(
+                400,
+                f"the prompt has {len(ids)} tokens; this server takes at most {limit}",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        total += len(ids)
+        encoded.append(ids[-served.block_size :])
+    return encoded, total
+
+
+class _Reply:
+    """Collects a job's events into OpenAI's completion objects."""
+
+    def __init__(self, req: CompletionRequest, model_id: str, rows: int, prompt_tokens: int):
+        self.id, self.created, self.model = f"cmpl-{secrets.token_hex(12)}", int(time.time()), model_id
+        self.texts, self.reasons = [""] * rows, [None] * rows
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or all(r is not None for r in self.reasons)
+
+    def take(self, batch: list) -> list[dict]:
+        """Apply events (of one step or several); the choices they change, as a streamed chunk's
+        choice entries: one per choice, with all its new text and, at its end, the reason."""
+        out: dict[int, dict] = {}
+        for event in batch:
+            if event[0] == "error":
+                self.error = event[1]
+                continue
+            choice = event[1]
+            entry = out.setdefault(choice, {"text": "", "index": choice, "logprobs": None, "finish_reason": None})
+            if event[0] == "text":
+                self.texts[choice] += event[2]
+                entry["text"] += event[2]
+            elif event[0] == "end":
+                self.reasons[choice] = entry["finish_reason"] = event[2]
+                self.completion_tokens += event[3]
+        return list(out.values())
+
+    def usage(self) -> dict:
+        total = self.prompt_tokens + self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def body(self) -> dict:
+        choices = [
+            {"text": t, "index": i, "logprobs": None, "finish_reason": r}
+            for i, (t, r) in enumerate(zip(self.texts, self.reasons))
+        ]
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        }
+
+
+async def _cancel_on_disconnect(request: Request, job: Job, events: asyncio.Queue) -> None:
+    """Once the body is read, the next ASGI message is the client's disconnect: the job is then
+    cancelled (its rows leave the batch) and the waiting handler woken."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+    events.put_nowait([])
+
+
+class _EventStream(StreamingResponse):
+    """A server-sent event stream that calls `closed` however it ends: finished, failed, or its
+    client gone (Starlette then cancels it, possibly before the first event)."""
+
+    def __init__(self, content, closed):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.closed = closed
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed()
+
+
+async def _stream(events: asyncio.Queue, reply: _Reply):
+    """Server-sent events: a chunk per step of new text (under load, when steps come faster than
+    chunks go out, what has accumulated goes as one chunk), the usage when asked for, then
+    `data: [DONE]`."""
+    while not reply.finished:
+        batch = await events.get()
+        while not events.empty():
+            batch += events.get_nowait()
+        choices = reply.take(batch)
+        if reply.error:
+            yield f"data: {json.dumps(error_body(reply.error, 'server_error'))}\n\n"
+            break
+        if choices:
+            yield reply.chunk(choices)
+    else:
+        if reply.include_usage:
+            yield reply.chunk([], reply.usage())
+    yield "data: [DONE]\n\n"

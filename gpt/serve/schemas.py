@@ -1,0 +1,97 @@
+"""The request body of POST /v1/completions (OpenAI's completions API plus tinygpt's sampling
+controls), and OpenAI's error shape. Checked here for form; the server's limits (max_tokens,
+n, prompt length) are checked in app.py, which knows them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# OpenAI parameters this server accepts only at their "off" value, with what to use instead.
+UNSUPPORTED = {
+    "logprobs": (None, "logprobs are not supported"),
+    "echo": (False, "echo is not supported; prepend the prompt yourself"),
+    "suffix": (None, "suffix (insertion) is not supported"),
+    "best_of": (1, "best_of is not supported; use n"),
+    "logit_bias": (None, "logit_bias is not supported"),
+    "presence_penalty": (0.0, "presence_penalty is not supported; use repetition_penalty"),
+    "frequency_penalty": (0.0, "frequency_penalty is not supported; use repetition_penalty"),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """Defaults are OpenAI's (max_tokens 16, temperature 1, no top-k); `seed` absent draws one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None  # one of GET /v1/models' ids; absent: the first
+    prompt: str | list[str] | list[int] | list[list[int]] = ""
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0)  # 0 = greedy
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored
+    # tinygpt's own controls (the openai client sends them with extra_body={...})
+    top_k: int | None = Field(None, ge=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    # OpenAI's, accepted only when off
+    logprobs: Any = None
+    echo: Any = False
+    suffix: Any = None
+    best_of: Any = 1
+    logit_bias: Any = None
+    presence_penalty: Any = 0.0
+    frequency_penalty: Any = 0.0
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must not be empty")
+        if len(stops) > 16:
+            raise ValueError(f"at most 16 stop strings, got {len(stops)}")
+        return tuple(stops)
+
+    def unsupported(self) -> str | None:
+        """The message for the first OpenAI parameter set to something this server cannot do."""
+        for name, (off, message) in UNSUPPORTED.items():
+            value = getattr(self, name)
+            if value not in (off, None) and not (name == "logit_bias" and value == {}):
+                return message
+        return None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: text, or token ids (a list of ints is one prompt)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [list(self.prompt)]
+        return list(self.prompt)
+
+
+def describe(error: ValidationError) -> tuple[str, str | None]:
+    """One line for the first problem pydantic found, and the parameter it concerns."""
+    first = error.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("list[", "str", "int"))]
+    param = loc[0] if loc else None
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "extra_forbidden":
+        return f"unknown parameter {param!r}", param
+    return (f"{'.'.join(loc)}: {message}" if loc else message), param
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

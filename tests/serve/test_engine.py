@@ -1,0 +1,124 @@
+"""gpt/serve/engine.py: continuous batching gives each row what gpt.generation gives it alone
+(jobs joining mid-flight, rows leaving, text past the context, stop strings, per-request
+controls), and a cancelled job leaves the batch. Run: pytest tests/serve/test_engine.py"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")  # the serve extra; the engine itself needs only torch
+
+from gpt.config import SamplingSettings  # noqa: E402
+from gpt.generation import generate  # noqa: E402
+from gpt.model import GPT, GPTConfig  # noqa: E402
+from gpt.serve.engine import Engine, Job  # noqa: E402
+from gpt.tokenizer import CharTokenizer  # noqa: E402
+
+ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _model(block_size=16, **kw) -> GPT:
+    """Random weights scaled up so outputs depend on the context (as in tests/test_generation.py)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(ALPHABET), block_size=block_size, n_layer=2, n_head=2, n_embd=32, **kw)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10)
+    return model
+
+
+class Collector:
+    """A job's emit: the text of each choice, how each ended, and a flag when all have."""
+
+    def __init__(self, rows: int):
+        self.texts, self.reasons, self.done = [""] * rows, [None] * rows, threading.Event()
+        self.first_text = threading.Event()
+
+    def __call__(self, events):
+        for e in events:
+            if e[0] == "text":
+                self.texts[e[1]] += e[2]
+                self.first_text.set()
+            elif e[0] == "end":
+                self.reasons[e[1]] = e[2]
+            else:
+                raise AssertionError(e)
+        if all(r is not None for r in self.reasons):
+            self.done.set()
+
+
+def _job(tok, prompts, n=1, **kw):
+    cfg = SamplingSettings(**{"max_new_tokens": 40, "temperature": 0.9, "top_k": None, **kw})
+    collector = Collector(len(prompts) * n)
+    return Job([tok.encode(p) for p in prompts], cfg, n, emit=collector), collector
+
+
+@pytest.mark.parametrize("block_size", [16, 64])  # 40 new tokens run past a 16-token context
+def test_jobs_batched_and_joining_mid_flight_equal_generation_alone(block_size):
+    model, tok = _model(block_size), CharTokenizer(list(ALPHABET))
+    engine = Engine(model, tok, max_batch=8)
+    try:
+        specs = [
+            (["ROMEO:"], 2, dict(seed=3)),
+            (["JULIET: O", "a"], 1, dict(temperature=0.0)),
+            (["KING:"], 1, dict(seed=5, top_p=0.8, repetition_penalty=1.3, max_new_tokens=25)),
+            (["the quick brown fox"], 3, dict(seed=11, top_k=5, min_p=0.05)),
+        ]
+        jobs = []
+        for prompts, n, kw in specs:  # each joins while the earlier ones are decoding
+            job, got = _job(tok, prompts, n, **kw)
+            assert engine.submit(job)
+            jobs.append((prompts, n, kw, got))
+            got.first_text.wait(10)
+        for prompts, n, kw, got in jobs:
+            assert got.done.wait(30)
+            cfg = SamplingSettings(**{"max_new_tokens": 40, "temperature": 0.9, "top_k": None, **kw})
+            want = [t for texts in generate(model, tok, prompts, cfg, num_samples=n) for t in texts]
+            assert got.texts == want
+            assert got.reasons == ["length"] * len(want)
+        assert engine.load()["active_rows"] == 0
+    finally:
+        engine.close()
+
+
+def test_stop_strings_end_a_row_and_free_its_slot():
+    model, tok = _model(), CharTokenizer(list(ALPHABET))
+    cfg = SamplingSettings(max_new_tokens=40, temperature=0.0)
+    free_text = generate(model, tok, ["ROMEO:"], cfg)[0][0]
+    stop = free_text[12:14]
+    engine = Engine(model, tok, max_batch=1)  # the second job needs the first one's slot
+    try:
+        first, got1 = _job(tok, ["ROMEO:"], temperature=0.0, stop=[stop])
+        second, got2 = _job(tok, ["KING:"], temperature=0.0, max_new_tokens=5)
+        assert engine.submit(first) and engine.submit(second)
+        assert got1.done.wait(10) and got2.done.wait(10)
+        assert got1.texts == [free_text[: free_text.index(stop)]] and got1.reasons == ["stop"]
+        assert got2.reasons == ["length"] and len(got2.texts[0]) == 5
+    finally:
+        engine.close()
+
+
+def test_a_cancelled_job_leaves_the_batch_and_a_full_queue_refuses():
+    model, tok = _model(), CharTokenizer(list(ALPHABET))
+    engine = Engine(model, tok, max_batch=1, max_queue=1)
+    try:
+        endless, got = _job(tok, ["ROMEO:"], max_new_tokens=10**9)
+        assert engine.submit(endless) and got.first_text.wait(10)
+        waiting, got_waiting = _job(tok, ["KING:"], max_new_tokens=5)
+        assert engine.submit(waiting)  # queued behind the endless one
+        refused, _ = _job(tok, ["JULIET:"], max_new_tokens=5)
+        assert not engine.submit(refused)  # the queue holds one job
+        endless.cancel()
+        assert got_waiting.done.wait(10) and len(got_waiting.texts[0]) == 5
+        deadline = time.time() + 10
+        while engine.load()["active_rows"] and time.time() < deadline:
+            time.sleep(0.01)
+        load = engine.load()
+        assert load["active_rows"] == 0 and load["queued"] == 0 and load["cancelled"] == 1
+        assert got.reasons == [None]  # never finished: it was dropped
+    finally:
+        engine.close()
