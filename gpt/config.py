@@ -448,7 +448,7 @@ class ServeConfig(ModelChoice):
         check_types(self, "")
         positive = ("max_batch", "max_streams", "max_body_bytes", "max_prompt_tokens", "max_tokens", "max_n", "threads")
         _at_least(self, "", 1, positive)
-        _at_least(self, "", 0, ("max_queue",))
+        _at_least(self, "", 1, ("max_queue",))  # every request waits in the queue, if only for a step
         if not 1 <= self.port <= 65535:
             raise TinyGPTError(f"port must be in 1..65535, got {self.port}")
         if isinstance(self.models, str):

@@ -264,7 +264,9 @@ def advance_text(row: TextRow, full: str, stops: tuple[str, ...]) -> str:
     if hits:
         piece, row.done = pending[: min(hits)], True
     else:
-        hold = max((n for s in stops for n in range(len(s) - 1, 0, -1) if pending.endswith(s[:n])), default=0)
+        # the longest tail of the pending text that starts some stop string (bounded: no slice of
+        # a stop string longer than the text it is compared with)
+        hold = max((n for s in stops for n in range(min(len(s) - 1, len(pending)), 0, -1) if pending[-n:] == s[:n]), default=0)
         piece = pending[: len(pending) - hold]
     row.emitted += piece
     return piece

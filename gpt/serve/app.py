@@ -191,6 +191,8 @@ async def _json_body(request: Request, limit: int):
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply to be read as JSON") from None
 
 
 def _parse(data) -> CompletionRequest:

@@ -299,7 +299,11 @@ def _choose(rows: list[_Slot], logits: torch.Tensor) -> list[int]:
             picks = group.argmax(dim=-1).tolist()
         else:
             probs = F.softmax(filter_logits(group / temperature, top_k, top_p, min_p), dim=-1)
-            picks = [int(torch.multinomial(probs[j], 1, generator=rows[i].generator)) for j, i in enumerate(idx)]
+            if not bool(torch.isfinite(probs).all()):  # controls so extreme the logits overflowed:
+                # that group decodes greedily rather than failing every request in the batch
+                picks = group.argmax(dim=-1).tolist()
+            else:
+                picks = [int(torch.multinomial(probs[j], 1, generator=rows[i].generator)) for j, i in enumerate(idx)]
         for i, tok in zip(idx, picks):
             chosen[i] = tok
     return chosen

@@ -28,12 +28,12 @@ class StreamOptions(BaseModel):
 class CompletionRequest(BaseModel):
     """Defaults are OpenAI's (max_tokens 16, temperature 1, no top-k); `seed` absent draws one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str | None = None  # one of GET /v1/models' ids; absent: the first
     prompt: str | list[str] | list[int] | list[list[int]] = ""
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)  # 0 = greedy
+    temperature: float = Field(1.0, ge=0, le=100)  # 0 = greedy; see _controls for tiny values
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
@@ -44,7 +44,7 @@ class CompletionRequest(BaseModel):
     # tinygpt's own controls (the openai client sends them with extra_body={...})
     top_k: int | None = Field(None, ge=1)
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=100)  # beyond these, logits overflow
     # OpenAI's, accepted only when off
     logprobs: Any = None
     echo: Any = False
@@ -62,7 +62,17 @@ class CompletionRequest(BaseModel):
             raise ValueError("stop strings must not be empty")
         if len(stops) > 16:
             raise ValueError(f"at most 16 stop strings, got {len(stops)}")
+        if any(len(s) > 256 for s in stops):  # each is matched against the text at every token
+            raise ValueError("stop strings must be at most 256 characters")
         return tuple(stops)
+
+    @field_validator("temperature")
+    @classmethod
+    def _controls(cls, value):
+        # logits divided by a temperature that rounds to 0 in float32 are infinite: no distribution
+        if 0 < value < 1e-3:
+            raise ValueError("temperature must be 0 (greedy) or at least 0.001")
+        return value
 
     def unsupported(self) -> str | None:
         """The message for the first OpenAI parameter set to something this server cannot do."""

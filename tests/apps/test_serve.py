@@ -196,6 +196,13 @@ def test_stop_strings_prompt_lists_and_extra_controls(server, trained_run, data_
         ({"prompt": [10**6]}, 400, "token ids"),
         ({"prompt": []}, 400, "empty list"),
         ({"prompt": "a", "stop": [""]}, 400, "empty"),
+        # controls that would overflow the logits (each used to fail every request in the batch)
+        ({"prompt": "a", "temperature": 1e-300}, 400, "at least 0.001"),
+        ({"prompt": "a", "repetition_penalty": 1e-300}, 400, "repetition_penalty"),
+        (b'{"prompt": "a", "temperature": Infinity}', 400, "temperature"),
+        # a stop string matched against the text at every token of the shared batch
+        ({"prompt": "a", "stop": ["q" * 257]}, 400, "at most 256 characters"),
+        (b"[" * 100000 + b"]" * 100000, 400, "nested too deeply"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, body, status, needle):

@@ -122,3 +122,22 @@ def test_a_cancelled_job_leaves_the_batch_and_a_full_queue_refuses():
         assert got.reasons == [None]  # never finished: it was dropped
     finally:
         engine.close()
+
+
+def test_controls_that_overflow_the_logits_do_not_fail_the_batch():
+    """A group whose probabilities are not finite (a temperature that rounds to 0) decodes
+    greedily; the other rows of the batch sample as before."""
+    from gpt.serve.engine import _choose
+
+    class Row:
+        def __init__(self, temperature):
+            self.job = Job([[0]], SamplingSettings(temperature=temperature, top_k=None), 1, emit=lambda e: None)
+            self.generator = torch.Generator().manual_seed(0)
+            self.seen = torch.zeros(len(ALPHABET), dtype=torch.bool)
+
+    logits = torch.randn(2, len(ALPHABET))
+    picks = _choose([Row(1e-45), Row(0.9)], logits)
+    assert picks[0] == int(logits[0].argmax())
+    torch.manual_seed(0)
+    expected = int(torch.multinomial(torch.softmax(logits[1] / 0.9, -1), 1, generator=torch.Generator().manual_seed(0)))
+    assert picks[1] == expected
