@@ -335,14 +335,11 @@ class _EventStream(StreamingResponse):
 
 
 async def _stream(events: asyncio.Queue, reply: _Reply):
-    """Server-sent events: a chunk per step of new text (under load, when steps come faster than
-    chunks go out, what has accumulated goes as one chunk), the usage when asked for, then
-    `data: [DONE]`."""
+    """Server-sent events: a chunk per decoding step that made new text (token by token, as
+    OpenAI streams; also under load, when steps come faster than chunks go out), the usage when
+    asked for, then `data: [DONE]`."""
     while not reply.finished:
-        batch = await events.get()
-        while not events.empty():
-            batch += events.get_nowait()
-        choices = reply.take(batch)
+        choices = reply.take(await events.get())
         if reply.error:
             yield f"data: {json.dumps(error_body(reply.error, 'server_error'))}\n\n"
             break
