@@ -140,3 +140,33 @@ def corrupted_variants(data: bytes, n: int, seed: int = 0):
             start, size = rng.randrange(len(b)), rng.randrange(1, 4096)
             b[start : start + size] = bytes(len(b[start : start + size]))
         yield kind, bytes(b)
+
+
+# A 30-step training run with evals every 10 and a loss logged at every step
+ENGINE_RUN = [
+    "debug=tiny",
+    "train.max_iters=30",
+    "train.eval_interval=10",
+    "train.log_interval=1",
+    "optim.warmup_iters=5",
+    "train.sample_tokens=0",
+    "threads=1",  # bitwise comparisons: the thread count must not follow other work mid-run
+]
+
+
+def poison_forward(monkeypatch, bad_calls):
+    """Make the training forward pass return NaN on the given (1-based) training calls."""
+    from gpt.model import GPT
+
+    real = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = real(self, idx, targets, **kw)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)

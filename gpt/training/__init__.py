@@ -19,8 +19,9 @@ from gpt.errors import RunRefused, TinyGPTError
 from gpt.preemption import StopRequest
 from gpt.runlock import RunLock
 from gpt.tracking import logger, record_failure
-from gpt.training.loop import EvalHook, StepHook, Trainer, train_step
+from gpt.training.loop import EvalHook, StepHook, Trainer
 from gpt.training.setup import Run, build_run
+from gpt.training.step import train_step
 
 __all__ = ["Run", "Trainer", "build_run", "train", "train_step"]
 

@@ -5,7 +5,6 @@ on SIGTERM / Ctrl-C, and the run's records (TensorBoard, metrics.jsonl, summary.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -14,45 +13,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gpt import architectures, checkpoint, distributed, runtime
-from gpt.checkpoint import Checkpoint, TrainingState
+from gpt import architectures, distributed, runtime
 from gpt.config import SamplingSettings
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.generation import generate
-from gpt.lora import merged_state_dict
 from gpt.preemption import Preempted, StopRequest
 from gpt.tasks import evaluate_task, metric_names
 from gpt.tracking import RunRecords, console_redirected, logger
+from gpt.training import saving
+from gpt.training import step as steps
 from gpt.training.setup import Run
 
 StepHook = Callable[[int, float], None]  # (step just finished, its loss)
 EvalHook = Callable[[int, dict], None]  # (step, {"train": loss, "val": loss}); may raise to stop
-
-
-def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward/backward over `accum_steps` micro-batches, then clip. Returns (mean loss, grad
-    norm) as tensors, without stepping the optimizer: the caller first checks they are finite.
-    Reading them forces a host sync, so the caller decides when."""
-    total = torch.zeros((), device=rt.device)
-    for micro in range(accum_steps):
-        x, y = batches.next()
-        # Under DDP, gradients are all-reduced on the last micro-batch only.
-        sync = micro == accum_steps - 1 or not isinstance(model, DDP)
-        with contextlib.nullcontext() if sync else model.no_sync():
-            with rt.autocast():  # the forward pass only; backward runs in the dtypes it recorded
-                _, loss = model(x, y)
-            # Each micro-batch contributes 1/accum_steps, so the summed gradient is the mean
-            # over the whole batch, as if it had been one forward pass.
-            scaler.scale(loss / accum_steps).backward()
-        total += loss.detach()
-    scaler.unscale_(optimizer)  # clip and measure true gradients, not loss-scaled ones
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
-    return total / accum_steps, norm
 
 
 class Trainer:
@@ -75,10 +51,10 @@ class Trainer:
         mean loss and the gradient norm as tensors (reading them syncs with the device)."""
         r, ts = self.run, self.ts
         self.lr = r.schedule.set_lr(r.optimizer, r.progress.step)
-        loss, norm = train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip)
+        loss, norm = steps.train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip)
         if self._histograms_at(r.progress.step + 1):  # gradients exist only until the update below
             self.records.tb.grad_histograms(r.progress.step + 1, r.model)
-        self._apply_or_skip(loss, norm)
+        steps.apply_or_skip(r, loss, norm, ts.max_bad_steps)
         r.progress.step += 1
         return loss, norm
 
@@ -111,86 +87,14 @@ class Trainer:
             }
 
     def save(self, best: bool = False) -> Path | None:
-        """A full-state checkpoint of the current step, and best.pt if `best` (rank 0 writes;
-        every rank must call). Not while training is going wrong (a streak of non-finite steps
-        open, a non-finite eval loss or weight): that state is no place to resume from, and
-        retention would prune the good checkpoints for it. Returns the newest good checkpoint."""
-        r = self.run
-        if not self._healthy():
-            r.log(f"notice: step {r.progress.step} not saved (non-finite loss or weights); checkpoints kept as they are")
-            return checkpoint.latest(r.out_dir)
-        path = r.ckpt_dir / checkpoint.step_file(r.progress.step)
-        rng = distributed.gather(runtime.rng_state(r.rt.device), r.dist)  # every rank's own
-        failed: TinyGPTError | None = None
-        if r.dist.is_main:
-            try:
-                if best:
-                    checkpoint.save(r.ckpt_dir / checkpoint.BEST, self.checkpoint(rng=None))
-                checkpoint.save(path, self.checkpoint(rng=rng))
-                checkpoint.prune(r.out_dir, self.ts.keep_last)
-            except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
-                failed = e
-        if distributed.any_true(failed is not None, r.dist, r.rt.device):  # every rank learns of it, and stops
-            raise failed or TinyGPTError(f"rank 0 could not save step {r.progress.step}; see its error")
-        return path
-
-    def _healthy(self) -> bool:
-        r = self.run
-        finite = r.progress.bad_in_a_row == 0 and all(math.isfinite(v) for v in self.last_eval.values())
-        if finite:  # the weights too: a huge learning rate can overflow them before any loss shows it
-            with torch.no_grad():
-                finite = bool(torch.stack([p.isfinite().all() for p in r.model.parameters()]).all())
-        return not distributed.any_true(not finite, r.dist, r.rt.device)  # every rank takes the same branch
-
-    def checkpoint(self, rng: list[dict] | None) -> Checkpoint:
-        """What a checkpoint holds, filled here and nowhere else: with the training state (and
-        LoRA adapters apart, to resume) given `rng`, else the weights alone (adapters merged, for
-        sampling and export)."""
-        r, p = self.run, self.run.progress
-        model, full = checkpoint.unwrap(r.model), rng is not None
-        state = (r.optimizer.state_dict(), r.scaler.state_dict(), r.batches.state_dict(), rng, p.bad_total, p.bad_in_a_row)
-        return Checkpoint(
-            model=model.state_dict() if (full or not r.lora) else merged_state_dict(model),
-            model_config=architectures.config_to_dict(r.model_config),
-            tokenizer=r.data.tokenizer.to_dict(),
-            step=p.step,
-            best_val_loss=p.best_val,
-            last_eval=dict(self.last_eval),
-            config=asdict(r.cfg),
-            lora=r.lora if full else None,
-            training=TrainingState(*state) if full else None,
-        )
+        """A full-state checkpoint of the current step, and best.pt if `best` (see saving.save)."""
+        return saving.save(self.run, self.last_eval, best, self.ts.keep_last)
 
     def sample(self, n_tokens: int) -> str:
         """A sample from the model as it is now (what training shows at evals and at the end)."""
         with self.run.rt.autocast():
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=self.run.cfg.seed)
             return generate(self.run.model, self.run.data.tokenizer, [""], settings)[0][0]
-
-    def _apply_or_skip(self, loss: torch.Tensor, norm: torch.Tensor) -> None:
-        """Step the optimizer, unless the loss or gradients are not finite: then skip the update
-        (the data moves on), and stop after `max_bad_steps` such steps in a row."""
-        r, p = self.run, self.run.progress
-        # With fp16 loss scaling, overflowing gradients are routine (the scaler skips those steps).
-        watched = loss if r.scaler.is_enabled() else torch.stack([loss.float(), norm.float()])
-        bad = not bool(torch.isfinite(watched).all())  # the one host sync of the step
-        if distributed.any_true(bad, r.dist, r.rt.device):
-            r.optimizer.zero_grad(set_to_none=True)
-            r.scaler.update()
-            p.bad_in_a_row += 1
-            p.bad_total += 1
-            logger.warning(f"step {p.step + 1}: non-finite loss or gradient, update skipped ({p.bad_in_a_row} in a row)")
-            if p.bad_in_a_row >= self.ts.max_bad_steps:
-                last = checkpoint.latest(r.out_dir) or "none (no eval reached yet)"
-                raise TinyGPTError(
-                    f"training diverged: {p.bad_in_a_row} non-finite steps in a row at step {p.step + 1}; "
-                    f"the last good checkpoint is {last}; lower optim.lr or train.grad_clip"
-                )
-            return
-        p.bad_in_a_row = 0
-        r.scaler.step(r.optimizer)
-        r.scaler.update()
-        r.optimizer.zero_grad(set_to_none=True)
 
     # --- fit --------------------------------------------------------------------------------------
 
@@ -310,7 +214,7 @@ class Trainer:
         self.last_eval = losses = self.evaluate()
         # A state that will not be saved (a non-finite step just skipped, see save) is no best:
         # the run's best must be what best.pt holds. (Step 0 has no checkpoint either way.)
-        improved = losses["val"] < p.best_val and (step == 0 or self._healthy())
+        improved = losses["val"] < p.best_val and (step == 0 or saving.healthy(r, self.last_eval))
         p.best_val = min(p.best_val, losses["val"]) if improved else p.best_val
         self.evals_done += 1
         self.records.eval(step, losses["train"], losses["val"], p.best_val)

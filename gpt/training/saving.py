@@ -1,0 +1,70 @@
+"""A run's checkpoints: what one holds (filled here and nowhere else, in the format
+gpt.checkpoint defines), and when a state is fit to be saved at all."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from gpt import architectures, checkpoint, distributed, runtime
+from gpt.checkpoint import Checkpoint, TrainingState
+from gpt.errors import TinyGPTError
+from gpt.lora import merged_state_dict
+from gpt.training.setup import Run
+
+
+def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Checkpoint:
+    """What a checkpoint holds: with the training state (and LoRA adapters apart, to resume)
+    given `rng` (every rank's random state), else the weights alone (adapters merged, for
+    sampling and export)."""
+    p, model, full = run.progress, checkpoint.unwrap(run.model), rng is not None
+    state = (run.optimizer.state_dict(), run.scaler.state_dict(), run.batches.state_dict(), rng, p.bad_total, p.bad_in_a_row)
+    return Checkpoint(
+        model=model.state_dict() if (full or not run.lora) else merged_state_dict(model),
+        model_config=architectures.config_to_dict(run.model_config),
+        tokenizer=run.data.tokenizer.to_dict(),
+        step=p.step,
+        best_val_loss=p.best_val,
+        last_eval=dict(last_eval),
+        config=asdict(run.cfg),
+        lora=run.lora if full else None,
+        training=TrainingState(*state) if full else None,
+    )
+
+
+def healthy(run: Run, last_eval: dict[str, float]) -> bool:
+    """Whether the state is fit to save: no streak of non-finite steps open, a finite eval, and
+    finite weights (a huge learning rate can overflow them before any loss shows it). Every
+    rank gets the same answer."""
+    finite = run.progress.bad_in_a_row == 0 and all(math.isfinite(v) for v in last_eval.values())
+    if finite:
+        with torch.no_grad():
+            finite = bool(torch.stack([p.isfinite().all() for p in run.model.parameters()]).all())
+    return not distributed.any_true(not finite, run.dist, run.rt.device)
+
+
+def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> Path | None:
+    """A full-state checkpoint of the current step, and best.pt if `best` (rank 0 writes; every
+    rank must call). Not while training is going wrong (see `healthy`): that state is no place
+    to resume from, and retention would prune the good checkpoints for it. Returns the newest
+    good checkpoint."""
+    if not healthy(run, last_eval):
+        run.log(f"notice: step {run.progress.step} not saved (non-finite loss or weights); checkpoints kept as they are")
+        return checkpoint.latest(run.out_dir)
+    path = run.ckpt_dir / checkpoint.step_file(run.progress.step)
+    rng = distributed.gather(runtime.rng_state(run.rt.device), run.dist)  # every rank's own
+    failed: TinyGPTError | None = None
+    if run.dist.is_main:
+        try:
+            if best:
+                checkpoint.save(run.ckpt_dir / checkpoint.BEST, fill(run, last_eval, rng=None))
+            checkpoint.save(path, fill(run, last_eval, rng=rng))
+            checkpoint.prune(run.out_dir, keep_last)
+        except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
+            failed = e
+    if distributed.any_true(failed is not None, run.dist, run.rt.device):  # every rank learns of it, and stops
+        raise failed or TinyGPTError(f"rank 0 could not save step {run.progress.step}; see its error")
+    return path

@@ -1,0 +1,74 @@
+"""gpt/training/saving.py: what a run's checkpoints hold and when a state is saved at all (not
+inside a non-finite streak, not with overflowed weights, one line on a full disk).
+Run: pytest tests/training/test_saving.py"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from gpt import checkpoint
+from gpt.errors import TinyGPTError
+from gpt.training import train
+from helpers import ENGINE_RUN, compose, poison_forward
+
+
+def test_an_eval_inside_a_bad_streak_saves_nothing_and_prunes_nothing(tmp_path, data_root, monkeypatch, caplog):
+    """Non-finite steps from 13 on, an eval at 20 inside the streak: no ckpt-20 (it would have
+    pruned the good ones under keep_last), and the checkpoint the error names loads, finite."""
+    root, data_overrides = data_root
+    poison_forward(monkeypatch, set(range(13, 1000)))
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    cfg = compose(
+        [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_bad_steps=12", "train.keep_last=1"], tmp_path
+    )
+    with pytest.raises(TinyGPTError, match=r"diverged: 12 non-finite steps in a row at step 24.*ckpt-0000010\.pt"):
+        train(cfg)
+    assert "step 20 not saved (non-finite loss or weights)" in caplog.text
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path)).model.values())
+
+
+def test_a_learning_rate_that_blows_the_weights_up_leaves_the_good_checkpoints(tmp_path, data_root, caplog):
+    """Resumed with a learning rate of 1e30 and evals every 2 steps: the weights overflow, and
+    no eval saves them; the checkpoint named as last good is the one the run resumed from."""
+    root, data_overrides = data_root
+    base = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=10"]
+    train(compose(base, tmp_path))
+    good = checkpoint.load(checkpoint.latest(tmp_path))
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    wild = [*base, "train.max_iters=30", "train.eval_interval=2", "optim.lr=1e30", "optim.muon_lr=1e30", "train.max_bad_steps=4"]
+    with pytest.raises(TinyGPTError, match=r"diverged.*the last good checkpoint is .*ckpt-0000010\.pt"):
+        train(compose(wild, tmp_path))
+    assert "not saved (non-finite loss or weights)" in caplog.text
+    kept = checkpoint.step_checkpoints(tmp_path)
+    assert [p.name for p in kept] == ["ckpt-0000010.pt"]
+    again = checkpoint.load(kept[0])
+    assert all(torch.equal(again.model[k], v) for k, v in good.model.items())
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(tmp_path, data_root, monkeypatch):
+    """The disk fills while ckpt-20 is written (the write patched to fail as a full disk does; a
+    300 kB tmpfs gives the same, see the README): one TinyGPTError, ckpt-10 intact and loadable,
+    no temporary left."""
+    import errno
+    import os
+
+    from gpt import loading
+
+    root, data_overrides = data_root
+    real = torch.save
+
+    def save(obj, f):
+        if str(getattr(f, "name", "")).split("/")[-1].startswith("ckpt-0000020.pt"):
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(obj, f)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(TinyGPTError, match=r"ckpt-0000020\.pt \(No space left on device\); the previous one is kept"):
+        train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"], tmp_path))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("ckpt")] == ["ckpt-0000010.pt"]
+    assert loading.resumable(tmp_path / "checkpoints" / "ckpt-0000010.pt").step == 10

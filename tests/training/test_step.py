@@ -1,0 +1,76 @@
+"""gpt/training/step.py: one optimizer step (accumulation, clipping) and the guard that skips
+non-finite updates and stops a run that keeps diverging.
+Run: pytest tests/training/test_step.py"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from gpt import checkpoint, runtime
+from gpt.errors import TinyGPTError
+from gpt.model import GPT, GPTConfig
+from gpt.training import train, train_step
+from helpers import ENGINE_RUN, compose, poison_forward
+
+
+class FixedBatches:
+    def __init__(self, parts):
+        self.parts, self.i = parts, 0
+
+    def next(self):
+        part = self.parts[self.i % len(self.parts)]
+        self.i += 1
+        return part
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_accumulating_half_batches_equals_one_full_batch(clip):
+    rt = runtime.setup("cpu", "float32", False)
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    b = copy.deepcopy(a)
+    before = copy.deepcopy(a)
+    x = torch.randint(0, 32, (8, 8))
+    y = torch.randint(0, 32, (8, 8))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.5)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.5)
+    loss_a, norm_a = train_step(a, FixedBatches([(x, y)]), opt_a, scaler, rt, accum_steps=1, grad_clip=clip)
+    loss_b, norm_b = train_step(
+        b, FixedBatches([(x[:4], y[:4]), (x[4:], y[4:])]), opt_b, scaler, rt, accum_steps=2, grad_clip=clip
+    )
+    assert torch.allclose(loss_a, loss_b, atol=1e-6) and torch.allclose(norm_a, norm_b, atol=1e-6)
+    if clip:  # clipped: the applied gradient has norm `clip`, the reported norm is the raw one
+        total = torch.cat([p.grad.flatten() for p in a.parameters()]).norm()
+        assert norm_a > clip and abs(total.item() - clip) < 1e-4
+    opt_a.step()
+    opt_b.step()
+    moved = max((pa - p0).abs().max().item() for pa, p0 in zip(a.parameters(), before.parameters()))
+    assert moved > 1e-4
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def test_isolated_nan_steps_are_skipped(tmp_path, data_root, monkeypatch, caplog):
+    root, data_overrides = data_root
+    poison_forward(monkeypatch, {4, 9})
+    caplog.set_level(logging.INFO, logger="tinygpt")
+    train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=15"], tmp_path))
+    assert caplog.text.count("update skipped") == 2 and "2 non-finite step(s) skipped" in caplog.text
+    ckpt = checkpoint.load(checkpoint.latest(tmp_path))
+    assert ckpt.step == 15 and ckpt.training.bad_steps == 2
+    assert all(torch.isfinite(v).all() for v in ckpt.model.values())
+
+
+def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_root, monkeypatch):
+    root, data_overrides = data_root
+    poison_forward(monkeypatch, set(range(13, 1000)))
+    cfg = compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_bad_steps=3"], tmp_path)
+    with pytest.raises(TinyGPTError, match="diverged: 3 non-finite steps in a row at step 15.*ckpt-0000010.pt"):
+        train(cfg)
+    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path)).model.values())
