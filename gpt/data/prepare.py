@@ -185,56 +185,19 @@ def prepare(
         raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     # Open the source before anything is deleted: a wrong text field or an unreachable dataset
     # must leave earlier prepared data as it was.
-    source, documents = documents, iter(documents)
-    first = next(documents, None)
-    # Known once iteration began, where the source can tell (a list always can).
-    total = len(source) if isinstance(source, (list, tuple)) else getattr(source, "total", None)
-    if first is None:
-        raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
-    documents = itertools.chain([first], documents)
-    if settings.get("max_docs"):
-        documents = itertools.islice(documents, int(settings["max_docs"]))
-        total = min(total, int(settings["max_docs"])) if total is not None else None
+    documents, total = _open(documents, settings.get("max_docs"))
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     if fit_bpe:  # before the old data goes: a BPE that cannot be trained leaves it as it was
-        caps = tokenizer_spec.get("train_docs"), tokenizer_spec.get("train_bytes")
-        sample = training_sample(documents, *caps)
-        tok = train_bpe(sample, tokenizer_spec["vocab_size"], *caps)
-        documents = itertools.chain(sample, documents)  # encoded with the rest
-        short = tok.vocab_size < tokenizer_spec["vocab_size"]
-        log(f"trained a byte-level BPE of {tok.vocab_size:,} tokens" + " (the sample has no more pairs to merge)" * short)
-    # Invalidate first: from here until the new meta lands, the folder reads as unprepared.
-    (out_dir / "meta.json").unlink(missing_ok=True)
-    for old in out_dir.glob("*.bin"):
-        old.unlink()
-    _remove_dead_temporaries(out_dir)
-
+        tok, documents = _train_bpe(documents, tokenizer_spec, log)
+    _invalidate(out_dir)  # from here until the new meta lands, the folder reads as unprepared
     if fit_chars:
         documents = list(documents)  # the alphabet is fitted on the whole corpus first
         tok = CharTokenizer.fit("".join(documents))
     dtype = token_dtype(tok.vocab_size)
     num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
-
-    stream_path = out_dir / f"stream.tmp-{os.getpid()}"
-    try:
-        doc_lengths, seconds = _tokenize_to_stream(
-            documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), progress, total
-        )
-        if not doc_lengths:
-            raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
-        stream = np.memmap(stream_path, dtype=dtype, mode="r") if sum(doc_lengths) else np.zeros(0, dtype)
-        parts = _split(
-            stream, np.array(doc_lengths), val_fraction, settings.get("split_by", "documents"), int(settings.get("seed", 0))
-        )
-        shards, sums = {}, {}
-        for split in SPLITS:
-            shards[split], sums[split] = _write_shards(
-                out_dir, split, parts[split], int(settings.get("shard_tokens") or 100_000_000)
-            )
-        del stream
-    finally:
-        stream_path.unlink(missing_ok=True)
-
+    doc_lengths, shards, sums, seconds = _tokenize_and_shard(
+        documents, tok, dtype, out_dir, settings, val_fraction, num_proc, progress, total
+    )
     meta = {
         "format": FORMAT_VERSION,
         "fingerprint": fp,
@@ -254,6 +217,66 @@ def prepare(
         f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))"
     )
     return meta
+
+
+def _open(documents: Iterable[str], max_docs) -> tuple[Iterable[str], int | None]:
+    """The documents, their first one already read (an empty corpus or a source that cannot be
+    opened fails here), capped at `max_docs`; and how many there are where the source can tell."""
+    source, documents = documents, iter(documents)
+    first = next(documents, None)
+    # Known once iteration began, where the source can tell (a list always can).
+    total = len(source) if isinstance(source, (list, tuple)) else getattr(source, "total", None)
+    if first is None:
+        raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
+    documents = itertools.chain([first], documents)
+    if max_docs:
+        documents = itertools.islice(documents, int(max_docs))
+        total = min(total, int(max_docs)) if total is not None else None
+    return documents, total
+
+
+def _train_bpe(documents: Iterable[str], spec: dict, log) -> tuple[Tokenizer, Iterable[str]]:
+    """A byte-level BPE trained on the corpus' first documents; the documents, those included."""
+    caps = spec.get("train_docs"), spec.get("train_bytes")
+    sample = training_sample(documents, *caps)
+    tok = train_bpe(sample, spec["vocab_size"], *caps)
+    short = tok.vocab_size < spec["vocab_size"]
+    log(f"trained a byte-level BPE of {tok.vocab_size:,} tokens" + " (the sample has no more pairs to merge)" * short)
+    return tok, itertools.chain(sample, documents)  # the sample is encoded with the rest
+
+
+def _invalidate(out_dir: Path) -> None:
+    (out_dir / "meta.json").unlink(missing_ok=True)
+    for old in out_dir.glob("*.bin"):
+        old.unlink()
+    _remove_dead_temporaries(out_dir)
+
+
+def _tokenize_and_shard(
+    documents, tok, dtype, out_dir: Path, settings: dict, val_fraction: float, num_proc: int, progress, total
+):
+    """Tokenize into one temporary stream, split it, write each split's shards. Returns (document
+    lengths, {split: shard lengths}, {split: shard CRC-32s}, tokenizing seconds)."""
+    stream_path = out_dir / f"stream.tmp-{os.getpid()}"
+    try:
+        doc_lengths, seconds = _tokenize_to_stream(
+            documents, tok, num_proc, dtype, stream_path, settings.get("max_tokens"), progress, total
+        )
+        if not doc_lengths:
+            raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
+        stream = np.memmap(stream_path, dtype=dtype, mode="r") if sum(doc_lengths) else np.zeros(0, dtype)
+        parts = _split(
+            stream, np.array(doc_lengths), val_fraction, settings.get("split_by", "documents"), int(settings.get("seed", 0))
+        )
+        shards, sums = {}, {}
+        for split in SPLITS:
+            shards[split], sums[split] = _write_shards(
+                out_dir, split, parts[split], int(settings.get("shard_tokens") or 100_000_000)
+            )
+        del stream
+    finally:
+        stream_path.unlink(missing_ok=True)
+    return doc_lengths, shards, sums, seconds
 
 
 def _remove_dead_temporaries(out_dir: Path) -> None:
