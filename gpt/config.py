@@ -353,10 +353,15 @@ class RunConfig:
 # --- sampling and the other commands --------------------------------------------------------
 
 
+_NOT_CONTROLS = ("max_new_tokens", "stop", "stop_at_eot", "seed", "kv_cache")
+
+
 @dataclass
 class SamplingSettings:
-    """How text is generated: the controls of gpt.generation, and of `sample.py` (which adds
-    where the model and prompts come from). A new control is a field here plus its use there."""
+    """How text is generated: the controls of gpt.generation, of `sample.py` (which adds where
+    the model and prompts come from) and of the server's API (gpt.serve). A new control is a
+    field here plus its use in gpt.generation.next_tokens; sample.py, the server and training's
+    samples then take it as they are."""
 
     max_new_tokens: int = 500
     temperature: float = 0.8  # 0 = greedy
@@ -376,16 +381,23 @@ class SamplingSettings:
         _at_least(self, "", 1, ("max_new_tokens",))
         if self.top_k is not None and self.top_k < 1:
             raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")
-        if self.temperature < 0:
-            raise TinyGPTError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        # Logits divided by a temperature that rounds to 0 in float32 are infinite: no distribution.
+        if self.temperature < 0 or 0 < self.temperature < 1e-3:
+            raise TinyGPTError(f"temperature must be 0 (greedy) or at least 0.001, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise TinyGPTError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise TinyGPTError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise TinyGPTError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if not 0.01 <= self.repetition_penalty <= 100:  # beyond, penalised logits overflow
+            raise TinyGPTError(f"repetition_penalty must be in [0.01, 100] (1 = off), got {self.repetition_penalty}")
         if any(s == "" for s in self.stop):
             raise TinyGPTError("stop strings must not be empty")
+
+    def controls(self) -> dict:
+        """The values that shape each token's distribution (what `next_tokens` reads): rows that
+        share them can be filtered as one batch. Everything but when a sample ends, its seed and
+        how the model is run."""
+        return {f.name: getattr(self, f.name) for f in fields(SamplingSettings) if f.name not in _NOT_CONTROLS}
 
     def sampling_only(self) -> dict:
         """The generation controls alone, e.g. to record with a sample."""

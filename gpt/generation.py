@@ -2,8 +2,8 @@
 
 No I/O and no Hydra: token-level decoding (`Decoder`) and text-level helpers (`generate`,
 `stream`) that the trainer, sample.py and notebooks share. The controls are the fields of
-`gpt.config.SamplingSettings`; sample.py's settings extend that class, so a new control is a
-field there and its use here.
+`gpt.config.SamplingSettings`; sample.py's settings extend that class and the server builds
+one per request, so a new control is a field there and its use in `next_tokens`.
 
 Longer than the context: a transformer sees at most block_size tokens, so once prompt +
 generated text outgrow it, each new token is predicted from the last block_size tokens,
@@ -55,13 +55,30 @@ def filter_logits(logits: torch.Tensor, top_k=None, top_p=None, min_p=None) -> t
     return logits
 
 
-def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) -> torch.Tensor:
     """CTRL-style repetition penalty: shrink positive logits of seen tokens, grow negative ones.
     seen: (B, V) bool."""
     if penalty == 1.0:
         return logits
     scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, scaled, logits)
+
+
+def next_tokens(logits: torch.Tensor, cfg: SamplingSettings, seen: torch.Tensor | None, generators) -> torch.Tensor:
+    """The next token of each row under `cfg`'s controls (every control is applied here): the
+    repetition penalty, then greedy at temperature 0, else temperature, top-k / top-p / min-p,
+    and a draw from each row's own generator. logits: (B, V); seen: (B, V) bool, the tokens in
+    each row's text (None without a repetition penalty). Shape (B,)."""
+    logits = penalize_repeats(logits, seen, cfg.repetition_penalty)
+    if cfg.temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = F.softmax(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p), dim=-1)
+    if not bool(torch.isfinite(probs).all()):  # NaN/inf probabilities: the outputs were not finite
+        raise TinyGPTError(
+            "the model's outputs are not finite numbers (its weights hold NaN or inf: a diverged run); "
+            "sample from an earlier checkpoint (ckpt=<run>/checkpoints/ckpt-<step>.pt)"
+        )
+    return torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)])
 
 
 # --- token-level decoding ----------------------------------------------------------------------
@@ -151,21 +168,7 @@ class Decoder:
         if vocab_limit is not None and vocab_limit < logits.size(-1):
             # A model may have more output ids than its tokenizer (padded vocab): never pick those.
             logits[:, vocab_limit:] = float("-inf")
-        logits = penalize_repeats(logits, self.seen, self.cfg.repetition_penalty)
-        if self.cfg.temperature == 0:
-            next_ids = logits.argmax(dim=-1)
-        else:
-            logits = filter_logits(logits / self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.cfg.min_p)
-            probs = F.softmax(logits, dim=-1)
-            try:
-                next_ids = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)])
-            except RuntimeError as e:  # NaN/inf probabilities: nothing the sampling settings did
-                if "probability tensor" not in str(e):
-                    raise
-                raise TinyGPTError(
-                    "the model's outputs are not finite numbers (its weights hold NaN or inf: a diverged run); "
-                    "sample from an earlier checkpoint (ckpt=<run>/checkpoints/ckpt-<step>.pt)"
-                ) from None
+        next_ids = next_tokens(logits, self.cfg, self.seen, self.generators)
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
         self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
         return next_ids

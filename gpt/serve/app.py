@@ -122,10 +122,8 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
             sampling = SamplingSettings(
                 max_new_tokens=req.max_tokens,
                 temperature=req.temperature,
-                top_k=req.top_k,
                 top_p=req.top_p,
-                min_p=req.min_p,
-                repetition_penalty=req.repetition_penalty,
+                **req.controls(),
                 stop=list(req.stop or ()),
                 seed=req.seed if req.seed is not None else secrets.randbelow(2**31),
             )
@@ -203,6 +201,9 @@ def _parse(data) -> CompletionRequest:
     except ValidationError as e:
         message, param = describe(e)
         raise ApiError(400, message, param=param) from None
+    unknown = req.unknown()
+    if unknown is not None:
+        raise ApiError(400, f"unknown parameter {unknown!r}", param=unknown)
     unsupported = req.unsupported()
     if unsupported:
         raise ApiError(400, unsupported)

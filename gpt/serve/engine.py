@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from gpt.config import SamplingSettings
-from gpt.generation import TextRow, advance_text, decode_safe, filter_logits, penalize_repeats
+from gpt.errors import TinyGPTError
+from gpt.generation import TextRow, advance_text, decode_safe, next_tokens
 from gpt.model import GPT, KVCache
 
 logger = logging.getLogger("tinygpt")
@@ -288,22 +288,16 @@ def _choose(rows: list[_Slot], logits: torch.Tensor) -> list[int]:
     filtered together; each draws from its own generator."""
     groups: dict[tuple, list[int]] = {}
     for i, slot in enumerate(rows):
-        c = slot.job.settings
-        groups.setdefault((c.temperature, c.top_k, c.top_p, c.min_p, c.repetition_penalty), []).append(i)
+        groups.setdefault(tuple(slot.job.settings.controls().values()), []).append(i)
     chosen = [0] * len(rows)
-    for (temperature, top_k, top_p, min_p, penalty), idx in groups.items():
-        group = logits[idx]
-        if penalty != 1.0:
-            group = penalize_repeats(group, torch.stack([rows[i].seen for i in idx]), penalty)
-        if temperature == 0:
+    for idx in groups.values():
+        group, cfg = logits[idx], rows[idx[0]].job.settings
+        seen = torch.stack([rows[i].seen for i in idx]) if cfg.repetition_penalty != 1.0 else None
+        try:
+            picks = next_tokens(group, cfg, seen, [rows[i].generator for i in idx]).tolist()
+        except TinyGPTError:  # controls so extreme the logits overflowed: that group decodes
+            # greedily rather than failing every request in the batch
             picks = group.argmax(dim=-1).tolist()
-        else:
-            probs = F.softmax(filter_logits(group / temperature, top_k, top_p, min_p), dim=-1)
-            if not bool(torch.isfinite(probs).all()):  # controls so extreme the logits overflowed:
-                # that group decodes greedily rather than failing every request in the batch
-                picks = group.argmax(dim=-1).tolist()
-            else:
-                picks = [int(torch.multinomial(probs[j], 1, generator=rows[i].generator)) for j, i in enumerate(idx)]
         for i, tok in zip(idx, picks):
             chosen[i] = tok
     return chosen

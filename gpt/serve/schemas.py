@@ -1,12 +1,15 @@
 """The request body of POST /v1/completions (OpenAI's completions API plus tinygpt's sampling
 controls), and OpenAI's error shape. Checked here for form; the server's limits (max_tokens,
-n, prompt length) are checked in app.py, which knows them."""
+n, prompt length) are checked in app.py, which knows them, and the sampling values by
+gpt.config.SamplingSettings, as for sample.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpt.config import SamplingSettings
 
 # OpenAI parameters this server accepts only at their "off" value, with what to use instead.
 UNSUPPORTED = {
@@ -25,15 +28,28 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
-    """Defaults are OpenAI's (max_tokens 16, temperature 1, no top-k); `seed` absent draws one."""
+# Where OpenAI's behaviour differs from sample.py's defaults: it filters nothing unless asked.
+API_DEFAULTS = {"top_k": None}
+# tinygpt's own controls beside OpenAI's temperature and top_p, with their defaults (the openai
+# client sends them with extra_body={...}): every control of SamplingSettings, so a new one is
+# served as it lands there.
+CONTROLS = {
+    name: API_DEFAULTS.get(name, default)
+    for name, default in SamplingSettings().controls().items()
+    if name not in ("temperature", "top_p")
+}
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+class CompletionRequest(BaseModel):
+    """Defaults are OpenAI's (max_tokens 16, temperature 1, no top-k); `seed` absent draws one.
+    Other keys are tinygpt's controls (CONTROLS), checked by SamplingSettings."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None  # one of GET /v1/models' ids; absent: the first
     prompt: str | list[str] | list[int] | list[list[int]] = ""
     max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0, le=100)  # 0 = greedy; see _controls for tiny values
+    temperature: float = Field(1.0, ge=0, le=100)  # 0 = greedy
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
@@ -41,10 +57,6 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
-    # tinygpt's own controls (the openai client sends them with extra_body={...})
-    top_k: int | None = Field(None, ge=1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, ge=0.01, le=100)  # beyond these, logits overflow
     # OpenAI's, accepted only when off
     logprobs: Any = None
     echo: Any = False
@@ -66,13 +78,13 @@ class CompletionRequest(BaseModel):
             raise ValueError("stop strings must be at most 256 characters")
         return tuple(stops)
 
-    @field_validator("temperature")
-    @classmethod
-    def _controls(cls, value):
-        # logits divided by a temperature that rounds to 0 in float32 are infinite: no distribution
-        if 0 < value < 1e-3:
-            raise ValueError("temperature must be 0 (greedy) or at least 0.001")
-        return value
+    def unknown(self) -> str | None:
+        """The first key that is neither OpenAI's nor one of tinygpt's controls."""
+        return next((key for key in self.model_extra or {} if key not in CONTROLS), None)
+
+    def controls(self) -> dict:
+        """tinygpt's controls: as asked, else their defaults (CONTROLS)."""
+        return {name: (self.model_extra or {}).get(name, default) for name, default in CONTROLS.items()}
 
     def unsupported(self) -> str | None:
         """The message for the first OpenAI parameter set to something this server cannot do."""
