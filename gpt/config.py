@@ -368,6 +368,9 @@ class SamplingSettings:
     top_k: int | None = 200  # keep the k most likely tokens (null: all)
     top_p: float | None = None  # nucleus: the most likely tokens up to this probability mass, in (0, 1]
     min_p: float | None = None  # keep tokens at least this fraction as likely as the top one
+    typical_p: float | None = (
+        None  # locally typical sampling: the tokens nearest the expected surprise, up to this mass, in (0, 1]
+    )
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the text
     stop: Any = None  # strings that end a sample (not included), e.g. 'stop=["\n\n"]'
     stop_at_eot: bool = True  # end a sample at the end-of-text token (BPE and byte tokenizers)
@@ -388,6 +391,8 @@ class SamplingSettings:
             raise TinyGPTError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise TinyGPTError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.typical_p is not None and not 0 < self.typical_p <= 1:
+            raise TinyGPTError(f"typical_p must be in (0, 1], got {self.typical_p}")
         if not 0.01 <= self.repetition_penalty <= 100:  # beyond, penalised logits overflow
             raise TinyGPTError(f"repetition_penalty must be in [0.01, 100] (1 = off), got {self.repetition_penalty}")
         if any(s == "" for s in self.stop):

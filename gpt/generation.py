@@ -55,6 +55,22 @@ def filter_logits(logits: torch.Tensor, top_k=None, top_p=None, min_p=None) -> t
     return logits
 
 
+def keep_typical(logits: torch.Tensor, mass: float) -> torch.Tensor:
+    """Locally typical sampling (Meister et al., 2022): rank tokens by how far their surprise,
+    -log p, lies from the distribution's entropy (the expected surprise), and keep the nearest
+    ones until they hold `mass` of the probability. As in top_p, a token is dropped when the
+    tokens ranked before it already reach `mass`, so the nearest always stays. logits: (B, V)."""
+    logp = F.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1, keepdim=True)  # 0 log 0 = 0
+    distance = (-logp - entropy).abs()  # inf for tokens already filtered out: ranked last
+    order = distance.argsort(dim=-1)
+    ranked = p.gather(-1, order)
+    drop_ranked = ranked.cumsum(dim=-1) - ranked >= mass
+    drop = torch.zeros_like(drop_ranked).scatter(-1, order, drop_ranked)
+    return logits.masked_fill(drop, float("-inf"))
+
+
 def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) -> torch.Tensor:
     """CTRL-style repetition penalty: shrink positive logits of seen tokens, grow negative ones.
     seen: (B, V) bool."""
@@ -72,7 +88,10 @@ def next_tokens(logits: torch.Tensor, cfg: SamplingSettings, seen: torch.Tensor 
     logits = penalize_repeats(logits, seen, cfg.repetition_penalty)
     if cfg.temperature == 0:
         return logits.argmax(dim=-1)
-    probs = F.softmax(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p), dim=-1)
+    logits = filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p)
+    if cfg.typical_p is not None and cfg.typical_p < 1.0:
+        logits = keep_typical(logits, cfg.typical_p)
+    probs = F.softmax(logits, dim=-1)
     if not bool(torch.isfinite(probs).all()):  # NaN/inf probabilities: the outputs were not finite
         raise TinyGPTError(
             "the model's outputs are not finite numbers (its weights hold NaN or inf: a diverged run); "

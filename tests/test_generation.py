@@ -11,7 +11,18 @@ import torch
 
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.generation import Decoder, TextRow, advance_text, decode_safe, filter_logits, generate, penalize_repeats, stream
+from gpt.generation import (
+    Decoder,
+    TextRow,
+    advance_text,
+    decode_safe,
+    filter_logits,
+    generate,
+    keep_typical,
+    next_tokens,
+    penalize_repeats,
+    stream,
+)
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import CharTokenizer
 
@@ -116,6 +127,35 @@ def test_top_p_and_min_p_keep_exactly_the_right_tokens():
     assert kept(filter_logits(logits, top_k=2)) == [0, 1]
     shuffled = logits[:, [3, 0, 4, 2, 1]]  # order in the vocabulary must not matter
     assert kept(filter_logits(shuffled, top_p=0.75)) == [1, 4]
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_expected_surprise():
+    """p = (0.5, 0.3, 0.2): entropy H = 1.0297 nats; |-log p - H| = 0.337, 0.174, 0.580, so the
+    ranking is token 1, token 0, token 2 (not the probability order)."""
+    logits = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64).log()
+    kept = lambda out: torch.isfinite(out[0]).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(keep_typical(logits, 0.3)) == [1]  # token 1 alone holds 0.3
+    assert kept(keep_typical(logits, 0.31)) == [0, 1]
+    assert kept(keep_typical(logits, 0.8)) == [0, 1]
+    assert kept(keep_typical(logits, 0.81)) == [0, 1, 2]
+    assert kept(keep_typical(logits, 0.01)) == [1]  # the nearest always stays
+    assert kept(keep_typical(logits[:, [2, 0, 1]], 0.8)) == [1, 2]  # order in the vocabulary does not matter
+    after_top_k = filter_logits(logits, top_k=2)  # tokens filtered before stay out, and count as 0
+    assert kept(keep_typical(after_top_k, 1.0)) == [0, 1]
+    settings = SamplingSettings(temperature=1.0, typical_p=0.25)
+    draws = [next_tokens(logits.float(), settings, None, [torch.Generator().manual_seed(s)]).item() for s in range(20)]
+    assert draws == [1] * 20  # every control is applied where tokens are drawn
+    with pytest.raises(TinyGPTError, match=r"typical_p must be in \(0, 1\]"):
+        SamplingSettings(typical_p=0.0)
+
+
+def test_typical_p_equals_transformers_typical_warper():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 3
+    for mass in (0.2, 0.5, 0.9, 0.95):
+        theirs = transformers.TypicalLogitsWarper(mass)(None, logits.clone())
+        assert torch.equal(torch.isfinite(keep_typical(logits, mass)), torch.isfinite(theirs)), mass
 
 
 def test_stop_strings_cut_output_and_streaming_matches():

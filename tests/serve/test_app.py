@@ -91,3 +91,20 @@ def test_more_open_streams_than_allowed_is_429_with_retry_after(served):
     assert status == 200
     response.close()
     conn.close()
+
+
+def test_every_sampling_control_is_served_and_checked_by_its_rules(served):
+    """The server takes its extra controls from SamplingSettings: typical_p, added there and in
+    gpt.generation only, is accepted, and refused by SamplingSettings' own rule."""
+    from gpt.config import SamplingSettings
+    from gpt.serve.schemas import CONTROLS
+
+    port, _ = served
+    assert set(CONTROLS) == set(SamplingSettings().controls()) - {"temperature", "top_p"}
+    assert "typical_p" in CONTROLS and CONTROLS["top_k"] is None  # OpenAI's default: no top-k
+    status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 5, "typical_p": 0.5, "seed": 1})
+    assert status == 200 and len(json.loads(data)["choices"][0]["text"]) == 5
+    status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 5, "typical_p": 1.5})
+    assert status == 400 and "typical_p must be in (0, 1]" in json.loads(data)["error"]["message"]
+    status, data, _ = _post(port, {"prompt": "ab", "typical_q": 0.5})
+    assert status == 400 and json.loads(data)["error"]["message"] == "unknown parameter 'typical_q'"
