@@ -71,7 +71,9 @@ class Checkpoint:
     @classmethod
     def from_payload(cls, payload: dict, where: Path | str = "checkpoint") -> Checkpoint:
         fmt = payload.get("format", 1)
-        if not isinstance(fmt, int) or fmt > FORMAT:
+        if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:  # no tinygpt ever wrote that
+            raise TinyGPTError(f"{where} is not a tinygpt checkpoint (its format is {fmt!r}; tinygpt writes 1 to {FORMAT})")
+        if fmt > FORMAT:
             raise TinyGPTError(
                 f"{where} was written by tinygpt {payload.get('tinygpt_version', '?')} in checkpoint format {fmt}; this "
                 f"tinygpt ({__version__}) reads formats up to {FORMAT}: upgrade tinygpt (pip install -U tinygpt)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,10 @@ def test_format_1_is_read_and_a_newer_format_refused(tmp_path):
     torch.save(newer, tmp_path / "new.pt")
     with pytest.raises(TinyGPTError, match=f"tinygpt 9.0.0 in checkpoint format {checkpoint.FORMAT + 1}.*upgrade tinygpt"):
         checkpoint.load(tmp_path / "new.pt")
+    for fmt in (0, -5, "2", None, True, 2.0):  # no tinygpt wrote these: not read as some version
+        torch.save({**_ckpt(model).to_payload(), "format": fmt}, tmp_path / "odd.pt")
+        with pytest.raises(TinyGPTError, match=rf"is not a tinygpt checkpoint \(its format is {re.escape(repr(fmt))};"):
+            checkpoint.load(tmp_path / "odd.pt")
 
 
 def test_not_a_checkpoint(tmp_path):
