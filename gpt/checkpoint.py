@@ -21,12 +21,15 @@ import zipfile
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from gpt import __version__
 from gpt.errors import TinyGPTError
 from gpt.io import atomic_write, temporary_owner
+
+T = TypeVar("T")
 
 FORMAT = 2
 CKPT_DIR = "checkpoints"
@@ -60,6 +63,16 @@ class Checkpoint:
     lora: dict | None = None  # {"rank", "alpha"} when `model` holds unmerged LoRA adapters
     training: TrainingState | None = None  # None: weights only (best.pt, imports)
     tinygpt_version: str = __version__  # of the writer; newer formats name it in the refusal
+
+    def settings(self, section: str, cls: type[T]) -> tuple[T | None, list[str]]:
+        """The run's recorded `section` settings as `cls` (None when not recorded), read leniently:
+        keys this tinygpt does not know (written by another version) are left out and returned."""
+        from gpt.config import from_dict
+
+        recorded, ignored = self.config.get(section), []
+        if not isinstance(recorded, dict) or not recorded:
+            return None, ignored
+        return from_dict(cls, recorded, section, ignored), ignored
 
     def to_payload(self) -> dict:
         # Not dataclasses.asdict: it would deep-copy every tensor of the optimizer state.

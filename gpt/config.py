@@ -525,20 +525,24 @@ class SweepConfig:
     rank_by: str = "best_val_loss"  # or final_val_loss, or a task figure of train.eval_tasks, e.g. hellaswag/acc_norm
 
 
-def from_dict(cls: type[T], values: dict, section: str = "") -> T:
+def from_dict(cls: type[T], values: dict, section: str = "", ignored: list[str] | None = None) -> T:
     """A settings dataclass from plain data (a checkpoint's record, a notebook's dict): nested
-    sections are built alike, unknown keys refused, the checks of each class run."""
+    sections are built alike, the checks of each class run. Unknown keys are refused, or, given
+    an `ignored` list (a record written by another tinygpt version), left out and named there."""
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
-    if unknown:
+    if unknown and ignored is None:
         raise TinyGPTError(
             f"unknown setting(s) {', '.join(_key(section, k) for k in unknown)}; known: {', '.join(sorted(known))}"
         )
     built = {}
     for name, value in values.items():
+        if name not in known:
+            ignored.append(_key(section, name))
+            continue
         nested = [t for t in (typing.get_args(hints[name]) or (hints[name],)) if hasattr(t, "__dataclass_fields__")]
-        built[name] = from_dict(nested[0], value, _key(section, name)) if nested and isinstance(value, dict) else value
+        built[name] = from_dict(nested[0], value, _key(section, name), ignored) if nested and isinstance(value, dict) else value
     return cls(**built)
 
 

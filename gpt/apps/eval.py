@@ -67,17 +67,18 @@ def _task(s: EvalConfig, loaded, tokenizer, device) -> dict:
 
 def _split_tokens(s: EvalConfig, loaded):
     """The tokens of a prepared split: of data=<name> when given, else of the model's own data."""
-    from gpt.config import DataSettings, from_dict
+    from gpt.config import DataSettings
     from gpt.data import load_data
     from gpt.evaluation import split_tokens
     from gpt.tokenizer import difference, tokenizer_identity
 
     data_settings = s.data
     if data_settings is None:
-        trained_on = (loaded.checkpoint.config if loaded.checkpoint else {}).get("data")
-        if not trained_on:
+        data_settings, ignored = loaded.checkpoint.settings("data", DataSettings) if loaded.checkpoint else (None, [])
+        if data_settings is None:
             raise TinyGPTError(f"{loaded.source} carries no data settings; pass text_file=<file> or data=<name>")
-        data_settings = from_dict(DataSettings, trained_on, "data")
+        if ignored:
+            print(f"notice: {loaded.source} records {', '.join(ignored)}, unknown to this tinygpt: ignored", file=sys.stderr)
     data = load_data(data_settings, s.paths.data_root(), log=lambda *a: None)
     if tokenizer_identity(data.tokenizer.to_dict()) != tokenizer_identity(loaded.tokenizer_spec):
         raise TinyGPTError(

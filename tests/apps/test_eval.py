@@ -80,3 +80,19 @@ def test_eval_scores_a_zero_shot_task_on_a_char_model(tmp_path, trained_run, dat
     assert_one_line_error(
         run_script("eval", [f"run_dir={run_dir}", "task=arc_easy", f"text_file={items}"], tmp_path, root), "pass one of them"
     )
+
+
+def test_eval_reads_data_settings_recorded_by_another_version(tmp_path, trained_run, data_root):
+    """A checkpoint whose recorded data settings hold a key this tinygpt does not know (written
+    by another version) is evaluated on its data all the same, with a notice naming the key."""
+    from gpt import checkpoint
+
+    _, run_dir, _ = trained_run
+    root, _ = data_root
+    ckpt = checkpoint.load(run_dir / "checkpoints" / "best.pt")
+    ckpt.config["data"]["old_setting"] = 1
+    checkpoint.save(tmp_path / "other_version.pt", ckpt)
+    proc = run_script("eval", [f"ckpt={tmp_path / 'other_version.pt'}", "max_tokens=2000"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr
+    assert "shakespeare_char val: 2,000 tokens" in proc.stdout
+    assert "records data.old_setting, unknown to this tinygpt: ignored" in proc.stderr
