@@ -23,6 +23,7 @@ from gpt.config import (
     RunConfig,
     SampleConfig,
     SamplingSettings,
+    TaskSettings,
     TrainSettings,
     from_dict,
 )
@@ -69,13 +70,19 @@ def test_every_option_composes_onto_its_schema(group):
         architectures.config_from_settings(settings.model, vocab_size=65)
 
 
+def test_every_task_composes_onto_its_schema():
+    for option in _options("task"):
+        task = compose("eval", [f"task={option}"]).task
+        assert isinstance(task, TaskSettings) and task.name == option
+
+
 def test_the_other_commands_compose():
     assert compose("sample", []).temperature == SamplingSettings().temperature
     assert compose("eval", []).data is None and compose("eval", ["data=shakespeare"]).data.name == "shakespeare"
     assert compose("export", ["out=x"]).out == "x" and compose("sweep", ["dir=y"]).dir == "y"
 
 
-@pytest.mark.parametrize("group", ("model", "data", "optim"))
+@pytest.mark.parametrize("group", ("model", "data", "optim", "task"))
 def test_no_group_option_restates_a_default(group):
     """A value in a group file must differ from what its schema (or the file it extends) gives:
     a default lives in gpt/config.py only, so the two cannot drift apart."""
@@ -84,8 +91,8 @@ def test_no_group_option_restates_a_default(group):
     for option in _options(group):
         raw = _yaml(CONFIGS / group / f"{option}.yaml")
         bases = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
-        if group == "data":  # typed by RunConfig.data; a data file may extend another one
-            base = OmegaConf.structured(DataSettings)
+        if group in ("data", "task"):  # typed by their field's class; a data file may extend another one
+            base = OmegaConf.structured(DataSettings if group == "data" else TaskSettings)
             for parent in bases:
                 base = OmegaConf.merge(base, _yaml(CONFIGS / group / f"{parent}.yaml"))
         else:
