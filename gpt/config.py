@@ -546,6 +546,22 @@ def from_dict(cls: type[T], values: dict, section: str = "", ignored: list[str] 
     return cls(**built)
 
 
+def changed_settings(old: dict, new: dict, prefix: str = "") -> str:
+    """'a.b: 1 -> 2, ...' for the leaves that differ (paths and run bookkeeping excluded)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if (prefix == "" and key in ("paths", "resume")) or key not in old:
+            continue  # bookkeeping, or a setting older checkpoints did not record
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = changed_settings(a, b, f"{prefix}{key}.")
+            if sub:
+                out.append(sub)
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return ", ".join(out)
+
+
 def register_schemas() -> None:
     """Put the schemas in Hydra's ConfigStore, under the names configs/*.yaml refer to."""
     from hydra.core.config_store import ConfigStore

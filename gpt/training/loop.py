@@ -25,7 +25,7 @@ from gpt.tasks import evaluate_task, metric_names
 from gpt.tracking import RunRecords, console_redirected, logger
 from gpt.training import saving
 from gpt.training import step as steps
-from gpt.training.setup import Run
+from gpt.training.setup import Run, quiet
 
 StepHook = Callable[[int, float], None]  # (step just finished, its loss)
 EvalHook = Callable[[int, dict], None]  # (step, {"train": loss, "val": loss}); may raise to stop
@@ -103,7 +103,7 @@ class Trainer:
         Raises `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. `stop`: the
         caller's signal handling, when it began before this (`train` covers set-up too)."""
         r = self.run
-        stop = stop or StopRequest(log=logger.warning if r.dist.is_main else _quiet)
+        stop = stop or StopRequest(log=logger.warning if r.dist.is_main else quiet)
         with stop:
             return self._fit(stop, on_step, on_eval)
 
@@ -272,7 +272,3 @@ class Trainer:
         skipped = f"; {p.bad_total} non-finite step(s) skipped" if p.bad_total else ""
         r.log(f"done in {time.time() - self.t_start:.1f} s: best val loss {p.best_val:.4f} (final {final:.4f}){skipped}")
         r.log(f"checkpoints: {r.ckpt_dir}   tensorboard: tensorboard --logdir {r.out_dir / 'tb'}")
-
-
-def _quiet(*args, **kwargs) -> None:
-    pass

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt import architectures, checkpoint, distributed, loading, runtime
 from gpt.checkpoint import Checkpoint
-from gpt.config import RunConfig
+from gpt.config import RunConfig, changed_settings
 from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
@@ -87,7 +87,7 @@ class Run:
 def build_run(cfg: RunConfig) -> Run:
     ensure_console_logging()
     dist = distributed.from_env()
-    log = logger.info if dist.is_main else _quiet
+    log = logger.info if dist.is_main else quiet
     # The model shape now (the vocabulary comes from the data later), so a typo fails before the
     # data is downloaded and prepared.
     architectures.config_from_settings(cfg.model, vocab_size=1)
@@ -134,8 +134,8 @@ def build_run(cfg: RunConfig) -> Run:
     return run
 
 
-def _quiet(*args, **kwargs) -> None:
-    pass
+def quiet(*args, **kwargs) -> None:
+    """A log for ranks other than 0."""
 
 
 def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log) -> Path | None:
@@ -181,7 +181,7 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:
         data = load_data(cfg.data, cfg.paths.data_root(), log=log)
     distributed.barrier(dist)
     if dist.local_rank != 0:
-        data = load_data(cfg.data, cfg.paths.data_root(), log=_quiet, verify=False)  # local rank 0 checked it
+        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=False)  # local rank 0 checked it
     log(
         f"data {data.name}: {Dataset.tokens(data.train):,} train / {Dataset.tokens(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size}"
@@ -291,22 +291,6 @@ def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
         + (f"; changed: {changed}" if changed else "")
     )
     return Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, state.bad_in_a_row, dict(ckpt.last_eval))
-
-
-def changed_settings(old: dict, new: dict, prefix: str = "") -> str:
-    """'a.b: 1 -> 2, ...' for the leaves that differ (paths and run bookkeeping excluded)."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        if (prefix == "" and key in ("paths", "resume")) or key not in old:
-            continue  # bookkeeping, or a setting older checkpoints did not record
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = changed_settings(a, b, f"{prefix}{key}.")
-            if sub:
-                out.append(sub)
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return ", ".join(out)
 
 
 def _wrap(model: nn.Module, rt: runtime.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:
