@@ -140,14 +140,15 @@ def _refuse_numbers_as_booleans(cfg, overrides: list[str]) -> None:
                 raise TinyGPTError(f"{override.key_or_group} must be true or false, got {given!r}")
 
 
-def check_sweep(config_name: str, overrides: list[str], command: str, then: Callable[[object], None] | None = None) -> None:
+def check_sweep(config_name: str, overrides: list[str], command: str, then: Callable[[object, bool], None] | None = None) -> None:
     """Before a multirun starts: its keys, and the types of every value it can give a job: each
     value of a comma list (with the other keys at their first value), each choice and both ends
     of each interval of a search space (`hydra.sweeper.params`, e.g. Optuna's). A typo is then
     one line now, not a failure in job 7. Whether a value is in range is each job's to find out
     (that job is recorded as failed and the sweep goes on), unless no job could run at all: when
-    the settings of every combination (up to 64) fail `then` (e.g. device=cuda on a machine
-    without one), the sweep is refused now with the first reason."""
+    the settings of every combination (up to 64) fail `then(settings, here)` (e.g. a data root
+    that is a file), the sweep is refused now with the first reason. `here`: whether the jobs
+    run on this machine (not under a SLURM launcher, whose nodes have their own devices)."""
     options = [_values(o) for o in _parse(overrides)]
     firsts = [opts[0] for opts in options if opts]
     cfg = compose_raw(config_name, firsts, command, hydra=True)
@@ -158,7 +159,9 @@ def check_sweep(config_name: str, overrides: list[str], command: str, then: Call
             key = choice.split("=", 1)[0]
             compose_raw(config_name, [o for o in firsts if o.split("=", 1)[0] != key] + [choice], command)
     if then is not None:
-        _refuse_if_no_job_can_run(config_name, [opts for opts in options if opts], command, then)
+        target = str(cfg.hydra.launcher.get("_target_", ""))
+        here = target.endswith(("BasicLauncher", "LocalLauncher", "JoblibLauncher"))
+        _refuse_if_no_job_can_run(config_name, [opts for opts in options if opts], command, lambda s: then(s, here))
 
 
 def _refuse_if_no_job_can_run(config_name: str, options: list[list[str]], command: str, then) -> None:

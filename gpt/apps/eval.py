@@ -86,3 +86,7 @@ def _split_tokens(s: EvalConfig, loaded):
             f"pick data prepared with the model's"
         )
     return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"
+
+
+if __name__ == "__main__":  # python -m gpt.apps.eval, as `tinygpt eval`
+    main()

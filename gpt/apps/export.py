@@ -37,3 +37,7 @@ def export(s: ExportConfig) -> Path:
         raise TinyGPTError(f"cannot write to {s.out} ({e.strerror or e}); pass out=<a folder you can write>") from None
     print(f"exported {loaded.source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
     return out
+
+
+if __name__ == "__main__":  # python -m gpt.apps.export, as `tinygpt export`
+    main()

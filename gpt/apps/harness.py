@@ -77,3 +77,7 @@ def model_args(values: list[str] | None) -> dict:
         except json.JSONDecodeError as e:
             raise TinyGPTError(f"--model_args {values[0]!r} is not valid JSON ({e})") from None
     return dict(item.split("=", 1) for value in values for item in value.split(",") if "=" in item)
+
+
+if __name__ == "__main__":  # python -m gpt.apps.harness, as `tinygpt harness`
+    main()

@@ -33,3 +33,7 @@ def prepare(s: RunConfig):
         f"tokenizer {meta['tokenizer']['kind']}, in {root / data.name}"
     )
     return data
+
+
+if __name__ == "__main__":  # python -m gpt.apps.prepare, as `tinygpt prepare`
+    main()

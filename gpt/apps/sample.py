@@ -167,3 +167,7 @@ def write_jsonl(path: Path, prompts: list[str], results: list[list[str]], s: Sam
             for j, text in enumerate(texts):
                 record = {"checkpoint": source, "prompt": prompt, "sample": j, "text": text, "settings": settings}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":  # python -m gpt.apps.sample, as `tinygpt sample`
+    main()

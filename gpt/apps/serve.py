@@ -128,3 +128,7 @@ def _check_port(host: str, port: int) -> None:
             sock.bind((host, port))
         except OSError as e:
             raise TinyGPTError(f"cannot serve on {host}:{port} ({e.strerror or e}); pass another port=... or host=...") from None
+
+
+if __name__ == "__main__":  # python -m gpt.apps.serve, as `tinygpt serve`
+    main()

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from gpt.apps import common
 from gpt.config import SweepConfig
+from gpt.errors import TinyGPTError
 from gpt.leaderboard import write_leaderboard
 from gpt.tracking import logger
 
@@ -38,7 +39,7 @@ def summarise(s: SweepConfig) -> list[dict]:
 
 # The failed jobs of the multirun in this process, by job number: filled by the train command's
 # jobs and by the callback below, read at the sweep's end. (Launchers that run jobs elsewhere,
-# e.g. SLURM, leave it empty: their failures show in the leaderboard.)
+# e.g. SLURM, leave both empty: then the jobs' summaries tell.)
 FAILED: dict[int, str] = {}
 ENDED: set[int] = set()  # the job numbers that ended, failed or not
 
@@ -76,13 +77,21 @@ class LeaderboardCallback(Callback):
             print(
                 f"leaderboard: {sweep_dir / 'leaderboard.md'} (best: run {best['run']}, val {best['best_val_loss']:.4f}, {best['overrides']})"
             )
-        if FAILED:
-            num, ended = min(FAILED), len(ENDED | set(FAILED))
+        failed, ended = dict(FAILED), ENDED | set(FAILED)
+        if not ended:  # the jobs ran in other processes (SLURM, submitit): their summaries say how they ended
+            failed = {r["run"]: r["error"] or "no reason recorded" for r in rows if r["status"] == "failed"}
+            ended = {r["run"] for r in rows}
+        if failed:
+            first = min(failed, key=lambda num: _order(str(num)))
             print(
-                f"error: {len(FAILED)} of {ended} jobs failed (first: job {num}: {FAILED[num]}); see {sweep_dir / 'leaderboard.md'}",
+                f"error: {len(failed)} of {len(ended)} jobs failed (first: job {first}: {failed[first]}); see {sweep_dir / 'leaderboard.md'}",
                 file=sys.stderr,
             )
             sys.exit(1)
+
+
+def _order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def search_space(config, trial) -> None:
@@ -101,8 +110,18 @@ def search_space(config, trial) -> None:
         return
     chosen = trial.params.get("optim", trial.user_attrs.get("optim", config.optim.name))
     optim = config.optim if chosen == config.optim.name else OmegaConf.structured(OPTIMIZERS[chosen])
-    floor = optim.get("min_lr") or 0.0
+    # An absolute floor given on the command line applies to whichever optimizer is drawn.
+    floor = config.optim.get("min_lr") or 0.0
     for key, base in (("optim.lr", optim.lr), ("optim.muon_lr", optim.get("muon_lr"))):
         if base is not None and key not in trial.params and key not in trial.user_attrs:
             low = max(base / 4, floor * base / optim.lr) if floor else base / 4
+            if low >= base * 4:
+                raise TinyGPTError(
+                    f"optim.min_lr={floor:g} leaves no {key} to search for optim={chosen} (it searches "
+                    f"{base / 4:g}..{base * 4:g}); lower optim.min_lr or use optim.min_lr_ratio"
+                )
             trial.suggest_float(key, low, base * 4, log=True)
+
+
+if __name__ == "__main__":  # python -m gpt.apps.sweep, as `tinygpt sweep`
+    main()

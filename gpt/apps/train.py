@@ -28,17 +28,18 @@ def main(argv: list[str] | None = None) -> None:
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
-            common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=preflight))
+            common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
             common.guard(lambda: preflight(common.compose("config", own, _COMMAND), _run_dir(overrides)))
         common.guard(lambda: protect_earlier_run(overrides))
     _hydra_main([*argv, *quiet_non_zero_ranks()])
 
 
-def preflight(settings: RunConfig, run_dir: Path | None = None) -> None:
+def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = True) -> None:
     """The checks that need no data (model shape, data source and root, what the run resumes
     from, runtime; the others ran when the settings were built). `run_dir`: the directory the
-    run trains into when the command names one (hydra.run.dir), which may hold a run to resume."""
+    run trains into when the command names one (hydra.run.dir), which may hold a run to resume.
+    `here`: whether it runs on this machine (a SLURM job finds its node's devices itself)."""
     from gpt import architectures, loading, runtime
     from gpt.data import sources
 
@@ -50,9 +51,10 @@ def preflight(settings: RunConfig, run_dir: Path | None = None) -> None:
         _check_tokenizer_kind(resumed, settings)
     if settings.init_from:
         loading.check(settings.init_from)
-    device, _ = runtime.pick_device(settings.device)
-    runtime.pick_dtype(device, settings.dtype)
-    runtime.pick_compile(device, settings.compile)
+    if here:
+        device, _ = runtime.pick_device(settings.device)
+        runtime.pick_dtype(device, settings.dtype)
+        runtime.pick_compile(device, settings.compile)
 
 
 def _run_dir(overrides: list[str]) -> Path | None:
@@ -186,6 +188,10 @@ def _hydra_main(argv: list[str]) -> None:
         if not ours:
             raise
         common.fail(str(e) if isinstance(e, JobFailed) else common.explain(e, _COMMAND))
+    except TinyGPTError as e:  # raised by a sweeper between jobs (our search space)
+        if not ours:
+            raise
+        common.fail(str(e))
     except ValueError as e:  # Optuna's study, when not one trial completed
         if not ours or "No trials are completed" not in str(e):
             raise
@@ -227,24 +233,42 @@ def _task(cfg) -> float:
         return summary.get("best_val_loss", float("nan"))  # what a sweeper minimises
 
     def sweep_job() -> float:
-        """A failed job is recorded (its summary.json) and the sweep goes on: Hydra's basic
+        """A failed job is recorded (its summary.json; for an error that is not a user's
+        mistake, a crash of some library or of tinygpt itself, with its traceback beside it in
+        traceback.txt) and the sweep goes on: Hydra's basic
         sweeper would stop at a raised error, so it gets a NaN (the sweep's end reports the
         failures, gpt.apps.sweep.LeaderboardCallback); a sweeper that draws trials (Optuna)
         gets JobFailed, a failed trial. Under torchrun the job stops as a single run does: the
         other ranks must not wait in a job that rank 0 has left."""
         try:
             return run()
-        except TinyGPTError as e:
-            if dist.enabled:
+        except Exception as e:
+            if dist.enabled or isinstance(e, Preempted):  # a stop request stops the sweep, to be rerun
                 raise
-            record_failure(Path(output_dir), str(e), overrides=overrides)
-            logger.error(f"error: {e}")
-            sweep.FAILED[hydra_cfg.job.num] = str(e)
+            reason = str(e) if isinstance(e, TinyGPTError) else _unexpected(e, Path(output_dir))
+            record_failure(Path(output_dir), reason, overrides=overrides)
+            logger.error(f"error: {reason}")
+            sweep.FAILED[hydra_cfg.job.num] = reason
             if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
                 return float("nan")
             raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {e}") from None
 
     return common.guard(sweep_job if multirun else run)
+
+
+def _unexpected(error: Exception, job_dir: Path) -> str:
+    """One line for a job's unexpected error; its traceback goes to <job>/traceback.txt."""
+    import traceback
+
+    from gpt import io
+
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    try:
+        io.write_bytes(job_dir / "traceback.txt", "".join(traceback.format_exception(error)).encode())
+        where = f"; traceback in {job_dir / 'traceback.txt'}"
+    except OSError:
+        where = ""
+    return f"{type(error).__name__}: {first[:300]}{where}"
 
 
 def after_stop(run_dir: Path, launcher: str) -> str:
@@ -262,3 +286,7 @@ def after_stop(run_dir: Path, launcher: str) -> str:
 def _command(name: str) -> str:
     """How the user runs command `name`: as a checkout's script if that is how training started."""
     return f"python {name}.py" if Path(sys.argv[0]).name == "train.py" else f"tinygpt {name}"
+
+
+if __name__ == "__main__":  # python -m gpt.apps.train, as `tinygpt train`
+    main()

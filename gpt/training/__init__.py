@@ -15,7 +15,7 @@ import torch
 
 from gpt import distributed
 from gpt.config import RunConfig
-from gpt.errors import RunRefused, TinyGPTError
+from gpt.errors import RunRefused, TinyGPTError, out_of_memory
 from gpt.preemption import StopRequest
 from gpt.runlock import RunLock
 from gpt.tracking import logger, record_failure
@@ -44,10 +44,13 @@ def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | N
         stop.__enter__()  # a signal during set-up ends as cleanly as one in the loop
         try:
             run = build_run(cfg)
-        except TinyGPTError as e:  # recorded, so that a sweep lists the run (never over a run's own record)
+        except Exception as e:  # recorded, so that a sweep lists the run (never over a run's own record)
+            refusal = e if isinstance(e, TinyGPTError) else out_of_memory(e)
+            if refusal is None:
+                raise
             if cfg.paths.output_dir and distributed.from_env().is_main:
-                record_failure(Path(cfg.paths.output_dir), str(e), overrides=list(overrides))
-            raise RunRefused(str(e)) from None
+                record_failure(Path(cfg.paths.output_dir), str(refusal), overrides=list(overrides))
+            raise RunRefused(str(refusal)) from None
         return Trainer(run, overrides, started).fit(on_step, on_eval, stop=stop)
     finally:
         if stop is not None:

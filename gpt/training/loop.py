@@ -18,7 +18,7 @@ from tqdm import tqdm
 from gpt import architectures, distributed, runtime
 from gpt.config import SamplingSettings
 from gpt.data.loader import RandomWindows
-from gpt.errors import TinyGPTError
+from gpt.errors import TinyGPTError, out_of_memory
 from gpt.generation import generate
 from gpt.preemption import Preempted, StopRequest
 from gpt.tasks import evaluate_task, metric_names
@@ -135,9 +135,14 @@ class Trainer:
         except BaseException as e:
             stop.deferred = False
             failed = not isinstance(e, (KeyboardInterrupt, Preempted))
+            oom = out_of_memory(e)
             self.records.summary.update(
-                status="failed" if failed else "interrupted", error=str(e) if failed else None, wall_s=time.time() - self.t_start
+                status="failed" if failed else "interrupted",
+                error=str(oom or e) if failed else None,
+                wall_s=time.time() - self.t_start,
             )
+            if oom is not None:
+                raise oom from None
             raise
         finally:
             bar.close()
