@@ -48,14 +48,14 @@ def open_source(src: SourceSettings, data_root: Path, log=print) -> Source:
     """The source's identity now, its documents when iterated: prepared data whose fingerprint
     matches is reused without touching the network or the raw files."""
     check(src)
-    return SOURCES[src.kind][0](src, data_root, log)
+    return SOURCES[src.kind].documents(src, data_root, log)
 
 
 def check(src: SourceSettings) -> None:
     """A known kind, with the settings that kind needs (before anything is opened or written)."""
     if src.kind not in SOURCES:
         raise TinyGPTError(f"data.source.kind={src.kind!r} is unknown; use {', '.join(SOURCES)}")
-    for name in SOURCES[src.kind][1]:
+    for name in SOURCES[src.kind].needs:
         if getattr(src, name) is None:
             raise TinyGPTError(f"data.source.{name} is required for data.source.kind={src.kind}; set data.source.{name}=...")
 
@@ -240,13 +240,23 @@ def records(src: SourceSettings, data_root: Path, log=print) -> Iterator[dict]:
     than documents: Hub and save_to_disk rows, local .jsonl/.parquet records (a local text file
     gives {"text": ...} per data.source.doc_unit), a downloaded .jsonl file."""
     check(src)
-    if src.kind == "hub":
-        return iter(_hub_dataset(src)[0])
-    if src.kind == "disk":
-        return iter(_disk_dataset(src))
-    if src.kind == "local":
-        ds, builder = _local_dataset(src, local_files(str(src.path)), data_root / ".datasets-cache")
-        return _read_local(iter(ds), src, builder)
+    return SOURCES[src.kind].records(src, data_root, log)
+
+
+def _hub_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
+    return iter(_hub_dataset(src)[0])
+
+
+def _disk_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
+    return iter(_disk_dataset(src))
+
+
+def _local_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
+    ds, builder = _local_dataset(src, local_files(str(src.path)), data_root / ".datasets-cache")
+    return _read_local(iter(ds), src, builder)
+
+
+def _url_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
     path = ensure_file(src.url, data_root / src.filename, src.sha256, log=log)
     if path.suffix != ".jsonl":
         raise TinyGPTError(f"{path}: records are read from .jsonl files; download a .jsonl or use data.source.kind=hub")
@@ -265,11 +275,18 @@ def _jsonl(path: Path) -> Iterator[dict]:
                     raise TinyGPTError(f"{path} line {number} is not JSON ({e.msg}); is it a .jsonl file?") from None
 
 
-# kind -> (how to open it, the settings it needs); a new source is an entry here (and its
-# settings, when it needs new ones, fields of gpt.config.SourceSettings)
+@dataclass(frozen=True)
+class Kind:
+    documents: Callable[..., Source]  # (settings, data root, log): the documents to train on
+    records: Callable[..., Iterator[dict]]  # (settings, data root, log): rows of labelled items (tasks)
+    needs: tuple[str, ...]  # the settings this kind requires
+
+
+# A new source is an entry here (and its settings, when it needs new ones, fields of
+# gpt.config.SourceSettings).
 SOURCES = {
-    "url": (_url, ("url", "sha256", "filename")),
-    "hub": (_hub_source, ("path",)),
-    "disk": (_disk_source, ("path",)),
-    "local": (_local_source, ("path",)),
+    "url": Kind(_url, _url_records, ("url", "sha256", "filename")),
+    "hub": Kind(_hub_source, _hub_records, ("path",)),
+    "disk": Kind(_disk_source, _disk_records, ("path",)),
+    "local": Kind(_local_source, _local_records, ("path",)),
 }
