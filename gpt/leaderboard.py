@@ -106,7 +106,9 @@ def _task_figures(summary: dict) -> dict:
     }
 
 
-def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> list[dict]:
+def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> tuple[list[dict], list[str]]:
+    """The rows, ranked, each with the overrides that set it apart; and the overrides every run
+    shares."""
     rows = []
     for job in _job_dirs(sweep_dir):
         summary = _read_json(job / "summary.json") or {}
@@ -141,12 +143,13 @@ def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> list[dict]:
     # (among the runs whose overrides are known).
     known = [set(r["overrides"]) for r in rows if r["overrides"]]
     common = set.intersection(*known) if len(known) > 1 else set()
+    shared = [o for o in next((r["overrides"] for r in rows if r["overrides"]), []) if o in common]  # in command-line order
     for row in rows:
         row["overrides"] = " ".join(o for o in row["overrides"] if o not in common)
     rows.sort(key=key)
     for i, row in enumerate(rows, 1):
         row["rank"] = i
-    return rows
+    return rows, shared
 
 
 def _fmt(column: str, value) -> str:
@@ -175,7 +178,7 @@ def write_leaderboard(sweep_dir: str | Path, rank_by: str = "best_val_loss") -> 
         inner = sorted(p for p in sweep_dir.iterdir() if (p / "multirun.yaml").is_file())
         hint = f"it holds {len(inner)} sweep(s): pass one, e.g. {inner[-1]}" if inner else "pass the folder of a multirun"
         raise TinyGPTError(f"{sweep_dir} is not a sweep (no jobs in it); {hint}")
-    rows = collect(sweep_dir, rank_by)
+    rows, shared = collect(sweep_dir, rank_by)
     at = COLUMNS.index("final_val_loss") + 1
     columns = COLUMNS[:at] + task_columns(rows) + COLUMNS[at:]
     with atomic_write(sweep_dir / "leaderboard.csv", "w", newline="") as f:
@@ -184,6 +187,8 @@ def write_leaderboard(sweep_dir: str | Path, rank_by: str = "best_val_loss") -> 
         writer.writerows(rows)
     order = "highest" if higher_is_better(rank_by) else "lowest"
     lines = [f"# Sweep {sweep_dir.name}: {len(rows)} run(s), sorted by {rank_by} ({order} first)", ""]
+    if shared:
+        lines += [f"Every run: `{' '.join(shared)}`", ""]
     if rows:
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(_fmt(c, row.get(c)) for c in columns) + " |" for row in rows]

@@ -72,6 +72,7 @@ def test_only_the_differing_overrides_are_listed_also_without_a_summary(tmp_path
         "3": "",
     }
     assert rows["1"]["status"] == "no summary"
+    assert "Every run: `model=gpt-nano`" in (sweep / "leaderboard.md").read_text()  # what they share, said once
 
 
 def test_an_error_stays_on_its_row(tmp_path):

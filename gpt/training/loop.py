@@ -183,6 +183,8 @@ class Trainer:
         while True:
             step = r.progress.step
             if (step % ts.eval_interval == 0 or step == ts.max_iters) and not (step == first and step > 0):
+                if steps_in_interval and not self.tokens_per_s:  # a run too short to log a step has a speed too
+                    self.tokens_per_s = r.tokens_per_step * steps_in_interval / (time.time() - t_interval)
                 self._eval_and_save(step)
                 if on_eval is not None:
                     on_eval(step, dict(self.last_eval))

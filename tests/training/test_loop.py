@@ -299,3 +299,11 @@ def test_an_eval_that_is_not_saved_is_not_recorded_as_the_best(tmp_path, data_ro
     best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")
     assert best.step == 10 and summary["best_val_loss"] == pytest.approx(best.best_val_loss)
     assert summary["final_val_loss"] < best.best_val_loss  # the eval at 20 was better, and is reported as the last
+
+
+def test_a_run_shorter_than_the_log_interval_reports_its_speed(tmp_path, data_root):
+    root, data_overrides = data_root
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.max_iters=3", "train.log_interval=10"]
+    summary = train(compose([*overrides, "train.sample_tokens=0"], tmp_path))
+    assert summary["step"] == 3 and summary["tokens_per_s"] > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["tokens_per_s"] == summary["tokens_per_s"]
