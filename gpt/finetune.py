@@ -10,18 +10,19 @@ from gpt import architectures, loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
-from gpt.tokenizer import difference, tokenizer_identity
+from gpt.tokenizer import require_same
 
 
 def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print):
     """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data."""
     loaded = loading.load(str(source), dropout=dropout)
     model = loaded.model.train()
-    if tokenizer_identity(loaded.tokenizer_spec) != tokenizer_identity(data_tokenizer.to_dict()):
-        raise TinyGPTError(
-            f"init_from={source} was trained with another tokenizer than the data's "
-            f"({difference(loaded.tokenizer_spec, data_tokenizer.to_dict())}); pick data prepared with the same tokenizer"
-        )
+    require_same(
+        loaded.tokenizer_spec,
+        data_tokenizer.to_dict(),
+        f"init_from={source} was trained with another tokenizer than the data's",
+        "pick data prepared with the same tokenizer",
+    )
     crop = ft.block_size
     if crop and crop < model.config.block_size:
         if getattr(model.config, "pos_encoding", None) == "learned":  # keep the first `crop` positions

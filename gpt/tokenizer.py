@@ -237,6 +237,13 @@ def difference(model: dict, data: dict) -> str:
     return text
 
 
+def require_same(model: dict, data: dict, mismatch: str, fix: str) -> None:
+    """Refuse a model and data whose tokenizers differ (ids would mean other text): '<mismatch>
+    (<how they differ>); <fix>'. Both in dict form."""
+    if tokenizer_identity(model) != tokenizer_identity(data):
+        raise TinyGPTError(f"{mismatch} ({difference(model, data)}); {fix}")
+
+
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     spec = normalize_spec(d)
     return _KINDS[spec.pop("kind")](**spec)

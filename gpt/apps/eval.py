@@ -70,7 +70,7 @@ def _split_tokens(s: EvalConfig, loaded):
     from gpt.config import DataSettings
     from gpt.data import load_data
     from gpt.evaluation import split_tokens
-    from gpt.tokenizer import difference, tokenizer_identity
+    from gpt.tokenizer import require_same
 
     data_settings = s.data
     if data_settings is None:
@@ -80,11 +80,12 @@ def _split_tokens(s: EvalConfig, loaded):
         if ignored:
             print(f"notice: {loaded.source} records {', '.join(ignored)}, unknown to this tinygpt: ignored", file=sys.stderr)
     data = load_data(data_settings, s.paths.data_root(), log=lambda *a: None)
-    if tokenizer_identity(data.tokenizer.to_dict()) != tokenizer_identity(loaded.tokenizer_spec):
-        raise TinyGPTError(
-            f"data {data.name} uses another tokenizer than the model ({difference(loaded.tokenizer_spec, data.tokenizer.to_dict())}); "
-            f"pick data prepared with the model's"
-        )
+    require_same(
+        loaded.tokenizer_spec,
+        data.tokenizer.to_dict(),
+        f"data {data.name} uses another tokenizer than the model",
+        "pick data prepared with the model's",
+    )
     return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"
 
 

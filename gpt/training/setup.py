@@ -26,7 +26,7 @@ from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.finetune import initial_model, prepare_finetune
 from gpt.optim import CosineSchedule, Optimizer, build_optimizer
-from gpt.tokenizer import difference, tokenizer_identity
+from gpt.tokenizer import require_same
 from gpt.tracking import ensure_console_logging, logger
 
 
@@ -225,11 +225,12 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
     config = architectures.config_from_settings(cfg.model, vocab_size=vocab)
     if resumed is None:
         return config
-    if tokenizer_identity(resumed.tokenizer) != tokenizer_identity(data.tokenizer.to_dict()):
-        raise TinyGPTError(
-            f"the checkpoint's tokenizer differs from this data's ({difference(resumed.tokenizer, data.tokenizer.to_dict())}); "
-            f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"
-        )
+    require_same(
+        resumed.tokenizer,
+        data.tokenizer.to_dict(),
+        "the checkpoint's tokenizer differs from this data's",
+        f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})",
+    )
     saved = architectures.config_from_dict(resumed.model_config)
     old, new = architectures.config_to_dict(saved), architectures.config_to_dict(config)
     diff = [
