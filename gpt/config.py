@@ -385,7 +385,7 @@ class SamplingSettings:
         if self.top_k is not None and self.top_k < 1:
             raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")
         # Logits divided by a temperature that rounds to 0 in float32 are infinite: no distribution.
-        if self.temperature < 0 or 0 < self.temperature < 1e-3:
+        if not 0 <= self.temperature < float("inf") or 0 < self.temperature < 1e-3:
             raise TinyGPTError(f"temperature must be 0 (greedy) or at least 0.001, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise TinyGPTError(f"top_p must be in (0, 1], got {self.top_p}")

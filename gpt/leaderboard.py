@@ -174,10 +174,11 @@ def write_leaderboard(sweep_dir: str | Path, rank_by: str = "best_val_loss") -> 
         raise TinyGPTError(f"{sweep_dir} is a run directory, not a sweep; pass the folder of a multirun (outputs/sweeps/<stamp>)")
     if not sweep_dir.is_dir():
         raise TinyGPTError(f"sweep directory {sweep_dir} does not exist; pass the folder of a multirun (outputs/sweeps/<stamp>)")
-    if not _job_dirs(sweep_dir) and not (sweep_dir / "multirun.yaml").is_file():  # Hydra writes that as a sweep starts
-        inner = sorted(p for p in sweep_dir.iterdir() if (p / "multirun.yaml").is_file())
-        hint = f"it holds {len(inner)} sweep(s): pass one, e.g. {inner[-1]}" if inner else "pass the folder of a multirun"
-        raise TinyGPTError(f"{sweep_dir} is not a sweep (no jobs in it); {hint}")
+    # The folder above the sweeps (outputs/sweeps) holds sweeps, not jobs. (A sweep with no job
+    # yet, e.g. queued on SLURM, is an empty leaderboard.)
+    inner = [] if _job_dirs(sweep_dir) else sorted(p for p in sweep_dir.iterdir() if p.is_dir() and _job_dirs(p))
+    if inner:
+        raise TinyGPTError(f"{sweep_dir} holds {len(inner)} sweep(s), not jobs; pass one of them, e.g. {inner[-1]}")
     rows, shared = collect(sweep_dir, rank_by)
     at = COLUMNS.index("final_val_loss") + 1
     columns = COLUMNS[:at] + task_columns(rows) + COLUMNS[at:]

@@ -128,11 +128,16 @@ def status_of(summary: dict, now: float | None = None) -> str:
     return status
 
 
-def record_failure(out_dir: Path, error: str, **fields) -> None:
+def record_failure(out_dir: Path, error: str, replaces: str | None = None, **fields) -> None:
     """summary.json saying `failed` for a run that failed before it trained (its settings, its
     data), so that a sweep lists it too. Never over a run's own record or checkpoints: a refused
-    resume must not rewrite the run it refused to touch."""
+    resume must not rewrite the run it refused to touch. `replaces`: the error a run that failed
+    while training recorded itself, to be said as `error` instead (with more to it)."""
     out_dir = Path(out_dir)
+    earlier = _read_json(out_dir / "summary.json")
+    if replaces is not None and earlier.get("status") == "failed" and earlier.get("error") == replaces:
+        io.write_json(out_dir / "summary.json", {**earlier, "error": error})
+        return
     if (out_dir / "summary.json").exists() or any((out_dir / "checkpoints").glob("*.pt")):
         return
     RunSummary(out_dir / "summary.json", **fields).update(status="failed", error=error)

@@ -13,7 +13,7 @@ from pathlib import Path
 from gpt.apps import common, sweep
 from gpt.apps.common import JobFailed
 from gpt.config import RunConfig
-from gpt.errors import RunRefused, TinyGPTError
+from gpt.errors import RunRefused, TinyGPTError, one_line
 
 _COMMAND = "tinygpt train"
 
@@ -227,7 +227,10 @@ def _task(cfg) -> float:
             launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
             say(after_stop(Path(settings.paths.output_dir), launcher))
             if multirun and dist.is_main:  # the sweep stops here: its leaderboard shows this job too
-                sweep.write_leaderboard(hydra_cfg.sweep.dir)
+                try:
+                    sweep.write_leaderboard(hydra_cfg.sweep.dir)
+                except Exception as e:  # a plot or a full disk must not turn the stop into a failure
+                    logger.warning(f"could not write the leaderboard: {e}")
             raise
         say(f"sample with: {_command('sample')} run_dir={settings.paths.output_dir}")
         return summary.get("best_val_loss", float("nan"))  # what a sweeper minimises
@@ -246,14 +249,27 @@ def _task(cfg) -> float:
             if dist.enabled or isinstance(e, Preempted):  # a stop request stops the sweep, to be rerun
                 raise
             reason = str(e) if isinstance(e, TinyGPTError) else _unexpected(e, Path(output_dir))
-            record_failure(Path(output_dir), reason, overrides=overrides)
+            record_failure(Path(output_dir), reason, replaces=one_line(e), overrides=overrides)
             logger.error(f"error: {reason}")
             sweep.FAILED[hydra_cfg.job.num] = reason
-            if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
-                return float("nan")
-            raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {e}") from None
+        # Out of the except block, the error and the frames it holds (the failed job's model and
+        # optimizer) are gone: free them before the next job, which a sweeper may start while it
+        # still holds the failure raised below.
+        _free_memory()
+        if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
+            return float("nan")
+        raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
 
     return common.guard(sweep_job if multirun else run)
+
+
+def _free_memory() -> None:
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _unexpected(error: Exception, job_dir: Path) -> str:
@@ -262,13 +278,12 @@ def _unexpected(error: Exception, job_dir: Path) -> str:
 
     from gpt import io
 
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     try:
         io.write_bytes(job_dir / "traceback.txt", "".join(traceback.format_exception(error)).encode())
         where = f"; traceback in {job_dir / 'traceback.txt'}"
     except OSError:
         where = ""
-    return f"{type(error).__name__}: {first[:300]}{where}"
+    return one_line(error) + where
 
 
 def after_stop(run_dir: Path, launcher: str) -> str:

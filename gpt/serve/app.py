@@ -30,7 +30,7 @@ from gpt.config import SamplingSettings, ServeConfig
 from gpt.errors import TinyGPTError
 from gpt.generation import encode_prompt
 from gpt.serve.engine import Engine, Job
-from gpt.serve.schemas import CompletionRequest, describe, error_body
+from gpt.serve.schemas import CONTROLS, CompletionRequest, describe, error_body
 
 logger = logging.getLogger("tinygpt")
 
@@ -127,8 +127,9 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
                 stop=list(req.stop or ()),
                 seed=req.seed if req.seed is not None else secrets.randbelow(2**31),
             )
-        except TinyGPTError as e:
-            raise ApiError(400, str(e)) from None
+        except TinyGPTError as e:  # SamplingSettings' rules: "<control> must be ..."
+            named = str(e).split(" ", 1)[0]
+            raise ApiError(400, str(e), param=named if named in (*CONTROLS, "temperature", "top_p", "stop") else None) from None
 
         if req.stream and streams["open"] >= settings.max_streams:
             raise ApiError(

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from gpt import architectures, distributed, runtime
 from gpt.config import SamplingSettings
 from gpt.data.loader import RandomWindows
-from gpt.errors import TinyGPTError, out_of_memory
+from gpt.errors import TinyGPTError, one_line, out_of_memory
 from gpt.generation import generate
 from gpt.preemption import Preempted, StopRequest
 from gpt.tasks import evaluate_task, metric_names
@@ -138,7 +138,7 @@ class Trainer:
             oom = out_of_memory(e)
             self.records.summary.update(
                 status="failed" if failed else "interrupted",
-                error=str(oom or e) if failed else None,
+                error=one_line(oom or e) if failed else None,
                 wall_s=time.time() - self.t_start,
             )
             if oom is not None:

@@ -57,9 +57,7 @@ def test_sweep_command_refuses_a_folder_of_sweeps_and_runs_as_a_module(tmp_path)
         (tmp_path / "sweeps" / stamp / "0").mkdir(parents=True)
         (tmp_path / "sweeps" / stamp / "multirun.yaml").write_text("hydra: {}\n")
     proc = run_script("sweep", [str(tmp_path / "sweeps")], tmp_path, tmp_path)
-    assert_one_line_error(
-        proc, "sweeps is not a sweep (no jobs in it); it holds 2 sweep(s): pass one, e.g.", "2026-11-30_09-00-00"
-    )
+    assert_one_line_error(proc, "sweeps holds 2 sweep(s), not jobs; pass one of them, e.g.", "2026-11-30_09-00-00")
     assert not (tmp_path / "sweeps" / "leaderboard.md").exists()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     module = subprocess.run(
@@ -398,7 +396,7 @@ def test_a_job_that_crashes_or_runs_out_of_memory_is_recorded_and_the_sweep_goes
         resource.setrlimit(resource.RLIMIT_AS, (16 * 2**30, 16 * 2**30))
 
     sweep = tmp_path / "oom"
-    args = ["-m", *QUICK, *data_overrides, "model.n_embd=12,600000,24", f"hydra.sweep.dir={sweep}"]
+    args = ["-m", *QUICK, *data_overrides, "device=cpu", "model.n_embd=12,600000,24", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=tmp_path,
@@ -450,3 +448,50 @@ def test_a_sweep_whose_jobs_run_elsewhere_reports_failures_in_its_exit_status(tm
         check_sweep(
             "config", [a for a in gpu[1:] if "launcher" not in a], "tinygpt train", then=lambda s, here: preflight(s, here=here)
         )
+
+
+@pytest.mark.slow
+def test_a_failed_trial_frees_its_model_before_the_next_trial(tmp_path, data_root):
+    """Optuna holds a failed trial's error until its batch ends: that error must not hold the
+    failed job's model (on a GPU, one out-of-memory trial would make the next one run out too)."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    root, data_overrides = data_root
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import gc, weakref\n"
+        "import gpt.training as t\n"
+        "import gpt.training.step as st\n"
+        "from gpt.model import GPT\n"
+        "made, failed = [], []\n"
+        "real_init, real_build, real_step = GPT.__init__, t.build_run, st.train_step\n"
+        "def init(self, *a, **k):\n"
+        "    real_init(self, *a, **k)\n"
+        "    made.append(weakref.ref(self))\n"
+        "def build_run(cfg):\n"
+        "    gc.collect()\n"
+        "    print(f'models alive before set-up: {sum(r() is not None for r in made)}', flush=True)\n"
+        "    return real_build(cfg)\n"
+        "def train_step(*a, **k):\n"
+        "    if not failed:\n"
+        "        failed.append(1)\n"
+        "        raise RuntimeError('boom in the first step')\n"
+        "    return real_step(*a, **k)\n"
+        "GPT.__init__, t.build_run, st.train_step = init, build_run, train_step\n"
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{hook}{os.pathsep}{REPO}"}
+    args = [
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        *QUICK,
+        *data_overrides,
+        f"hydra.sweep.dir={tmp_path / 's'}",
+    ]
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+    alive = [line for line in proc.stdout.splitlines() if line.startswith("models alive before set-up")]
+    assert alive == ["models alive before set-up: 0"] * 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert proc.returncode == 1 and "RuntimeError: boom in the first step" in proc.stderr
+    # a crash while training: the summary the run wrote says it as the sweep does, traceback kept
+    error = json.loads((tmp_path / "s" / "0" / "summary.json").read_text())["error"]
+    assert error == f"RuntimeError: boom in the first step; traceback in {tmp_path / 's' / '0' / 'traceback.txt'}"

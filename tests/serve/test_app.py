@@ -105,6 +105,7 @@ def test_every_sampling_control_is_served_and_checked_by_its_rules(served):
     status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 5, "typical_p": 0.5, "seed": 1})
     assert status == 200 and len(json.loads(data)["choices"][0]["text"]) == 5
     status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 5, "typical_p": 1.5})
-    assert status == 400 and "typical_p must be in (0, 1]" in json.loads(data)["error"]["message"]
+    error = json.loads(data)["error"]
+    assert status == 400 and "typical_p must be in (0, 1]" in error["message"] and error["param"] == "typical_p"
     status, data, _ = _post(port, {"prompt": "ab", "typical_q": 0.5})
     assert status == 400 and json.loads(data)["error"]["message"] == "unknown parameter 'typical_q'"

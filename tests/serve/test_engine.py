@@ -64,6 +64,7 @@ def test_jobs_batched_and_joining_mid_flight_equal_generation_alone(block_size):
     try:
         specs = [
             (["ROMEO:"], 2, dict(seed=3)),
+            (["ROMEO:"], 2, dict(seed=3, typical_p=0.2)),  # the rows above but one control: filtered apart
             (["JULIET: O", "a"], 1, dict(temperature=0.0)),
             (["KING:"], 1, dict(seed=5, top_p=0.8, repetition_penalty=1.3, max_new_tokens=25)),
             (["the quick brown fox"], 3, dict(seed=11, top_k=5, min_p=0.05)),
