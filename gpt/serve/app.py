@@ -59,20 +59,7 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
     app = FastAPI(title="tinygpt", docs_url=None, redoc_url=None, openapi_url=None)
     by_id = {m.id: m for m in models}
     streams = {"open": 0}
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        return JSONResponse(e.body, status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException):
-        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _server_error(request: Request, e: Exception):
-        logger.exception("unexpected error answering %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal server error; see the server's log", "server_error"), status_code=500)
+    _answer_errors_as_openai_does(app)
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -110,27 +97,9 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
         authorize(request)
         req = _parse(await _json_body(request, settings.max_body_bytes))
         served = _pick_model(req, by_id, models)
-        rows = len(req.prompts()) * req.n
-        if rows > settings.max_n:
-            raise ApiError(400, f"n x prompts = {rows} exceeds this server's limit of {settings.max_n}", param="n")
-        if req.max_tokens > settings.max_tokens:
-            raise ApiError(
-                400, f"max_tokens {req.max_tokens} exceeds this server's limit of {settings.max_tokens}", param="max_tokens"
-            )
+        _check_limits(req, settings)
         prompts, n_prompt_tokens = _encode(req, served, settings)
-        try:
-            sampling = SamplingSettings(
-                max_new_tokens=req.max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                **req.controls(),
-                stop=list(req.stop or ()),
-                seed=req.seed if req.seed is not None else secrets.randbelow(2**31),
-            )
-        except TinyGPTError as e:  # SamplingSettings' rules: "<control> must be ..."
-            named = str(e).split(" ", 1)[0]
-            raise ApiError(400, str(e), param=named if named in (*CONTROLS, "temperature", "top_p", "stop") else None) from None
-
+        sampling = _sampling(req)
         if req.stream and streams["open"] >= settings.max_streams:
             raise ApiError(
                 429,
@@ -157,21 +126,45 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
                 streams["open"] -= 1
 
             return _EventStream(_stream(events, reply), closed)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, job, events))
-        try:
-            while not reply.finished:
-                batch = await events.get()
-                if job.cancelled.is_set():  # nobody is waiting for the answer
-                    return JSONResponse(error_body("client disconnected"), status_code=499)
-                reply.take(batch)
-        finally:
-            watcher.cancel()
-            job.cancel()  # a no-op once finished; frees the rows if this handler was cancelled
-        if reply.error:
-            raise ApiError(500, reply.error, kind="server_error")
-        return reply.body()
+        return await _whole(request, job, events, reply)
 
     return app
+
+
+async def _whole(request: Request, job: Job, events: asyncio.Queue, reply: _Reply):
+    """The answer of a request that does not stream, once every row has ended."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job, events))
+    try:
+        while not reply.finished:
+            batch = await events.get()
+            if job.cancelled.is_set():  # nobody is waiting for the answer
+                return JSONResponse(error_body("client disconnected"), status_code=499)
+            reply.take(batch)
+    finally:
+        watcher.cancel()
+        job.cancel()  # a no-op once finished; frees the rows if this handler was cancelled
+    if reply.error:
+        raise ApiError(500, reply.error, kind="server_error")
+    return reply.body()
+
+
+def _answer_errors_as_openai_does(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: ours with their status, routing errors (404, 405), and a
+    bug as a 500 that says nothing of the server's internals (the traceback goes to its log)."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return JSONResponse(e.body, status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, e: Exception):
+        logger.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal server error; see the server's log", "server_error"), status_code=500)
 
 
 async def _json_body(request: Request, limit: int):
@@ -209,6 +202,32 @@ def _parse(data) -> CompletionRequest:
     if unsupported:
         raise ApiError(400, unsupported)
     return req
+
+
+def _check_limits(req: CompletionRequest, settings: ServeConfig) -> None:
+    rows = len(req.prompts()) * req.n
+    if rows > settings.max_n:
+        raise ApiError(400, f"n x prompts = {rows} exceeds this server's limit of {settings.max_n}", param="n")
+    if req.max_tokens > settings.max_tokens:
+        raise ApiError(
+            400, f"max_tokens {req.max_tokens} exceeds this server's limit of {settings.max_tokens}", param="max_tokens"
+        )
+
+
+def _sampling(req: CompletionRequest) -> SamplingSettings:
+    """The request's sampling settings, checked by SamplingSettings' rules as sample.py's are."""
+    try:
+        return SamplingSettings(
+            max_new_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            **req.controls(),
+            stop=list(req.stop or ()),
+            seed=req.seed if req.seed is not None else secrets.randbelow(2**31),
+        )
+    except TinyGPTError as e:  # "<control> must be ...": name it as the param
+        named = str(e).split(" ", 1)[0]
+        raise ApiError(400, str(e), param=named if named in (*CONTROLS, "temperature", "top_p", "stop") else None) from None
 
 
 def _pick_model(req: CompletionRequest, by_id: dict, models: list[ServedModel]) -> ServedModel:
