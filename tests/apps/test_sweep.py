@@ -228,16 +228,6 @@ def test_a_killed_job_shows_as_stale(tmp_path, data_root):
     assert shown.returncode == 0 and "| 1 | stale |" in shown.stdout and "| 0 | finished |" in shown.stdout, shown.stdout
 
 
-def test_status_of_a_run_written_elsewhere_follows_its_heartbeat():
-    from gpt.tracking import STALE_AFTER, status_of
-
-    now = 1_000_000.0
-    running = {"status": "running", "host": "another-host", "pid": 1, "heartbeat": now - 60}
-    assert status_of(running, now) == "running"
-    assert status_of({**running, "heartbeat": now - STALE_AFTER - 1}, now) == "stale"
-    assert status_of({**running, "status": "failed"}, now) == "failed" and status_of({}, now) == "no summary"
-
-
 def test_compose_keeps_the_sweep_free_of_hydra_noise():
     assert compose("config", ["hparams_search=optuna"]).train.max_iters == 500  # the quick search's trial length
 
