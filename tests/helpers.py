@@ -43,6 +43,14 @@ def sigterm_after_step_5(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str
     return proc.returncode, out, err
 
 
+def hooked_pythonpath(folder: Path, source: str) -> str:
+    """A PYTHONPATH for a subprocess that runs `source` as its sitecustomize module before
+    anything else (to make a library fail the way a test needs), with the checkout's gpt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(source)
+    return f"{folder}{os.pathsep}{REPO}"
+
+
 def compose(overrides: list[str], output_dir: Path | None = None, config_name: str = "config"):
     """The settings train.py would build from these overrides (the compose API sets no run
     directory: `output_dir` is the run's)."""

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gpt import checkpoint
-from helpers import REPO, run_script, sigterm_after_step_5
+from helpers import REPO, hooked_pythonpath, run_script, sigterm_after_step_5
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
 
@@ -113,9 +113,8 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
     only, through a sitecustomize module): both workers stop with the one-line error instead of
     rank 1 waiting at a barrier for a rank that has left, and ckpt-10 is kept."""
     root, data_overrides = data_root
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(
+    pythonpath = hooked_pythonpath(
+        tmp_path / "hooks",
         "import os\n"
         "if os.environ.get('RANK') == '0':\n"
         "    from gpt import checkpoint\n"
@@ -125,9 +124,9 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
         "        if path.name == 'ckpt-0000020.pt':\n"
         "            raise TinyGPTError('could not write ckpt-0000020.pt (No space left on device); the previous one is kept')\n"
         "        return real(path, ckpt)\n"
-        "    checkpoint.save = save\n"
+        "    checkpoint.save = save\n",
     )
-    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{hooks}:{REPO}"}
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
     run_dir = tmp_path / "run"
     args = [
         "debug=tiny",

@@ -17,7 +17,7 @@ import torch
 
 from gpt.apps.common import check_sweep, compose, compose_raw, settings_of
 from gpt.errors import TinyGPTError
-from helpers import REPO, assert_one_line_error, run_script
+from helpers import REPO, assert_one_line_error, hooked_pythonpath, run_script
 
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5", "train.sample_tokens=0"]
 
@@ -357,18 +357,16 @@ def test_the_search_space_leaves_fixed_and_chosen_optimizers_alone():
 def _crash_when_seed_is_2(tmp_path) -> str:
     """A PYTHONPATH folder whose sitecustomize makes set-up raise ZeroDivisionError for seed=2:
     an error no user setting explains (a bug of tinygpt or a library)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
+    return hooked_pythonpath(
+        tmp_path / "hook",
         "import gpt.training as t\n"
         "real = t.build_run\n"
         "def build_run(cfg):\n"
         "    if cfg.seed == 2:\n"
         "        1 / 0\n"
         "    return real(cfg)\n"
-        "t.build_run = build_run\n"
+        "t.build_run = build_run\n",
     )
-    return f"{hook}{os.pathsep}{REPO}"
 
 
 @pytest.mark.slow
@@ -446,9 +444,8 @@ def test_a_failed_trial_frees_its_model_before_the_next_trial(tmp_path, data_roo
     failed job's model (on a GPU, one out-of-memory trial would make the next one run out too)."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     root, data_overrides = data_root
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
+    pythonpath = hooked_pythonpath(
+        tmp_path / "hook",
         "import gc, weakref\n"
         "import gpt.training as t\n"
         "import gpt.training.step as st\n"
@@ -467,9 +464,9 @@ def test_a_failed_trial_frees_its_model_before_the_next_trial(tmp_path, data_roo
         "        failed.append(1)\n"
         "        raise RuntimeError('boom in the first step')\n"
         "    return real_step(*a, **k)\n"
-        "GPT.__init__, t.build_run, st.train_step = init, build_run, train_step\n"
+        "GPT.__init__, t.build_run, st.train_step = init, build_run, train_step\n",
     )
-    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{hook}{os.pathsep}{REPO}"}
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath}
     args = [
         "-m",
         "hparams_search=optuna",
