@@ -368,9 +368,8 @@ class SamplingSettings:
     top_k: int | None = 200  # keep the k most likely tokens (null: all)
     top_p: float | None = None  # nucleus: the most likely tokens up to this probability mass, in (0, 1]
     min_p: float | None = None  # keep tokens at least this fraction as likely as the top one
-    typical_p: float | None = (
-        None  # locally typical sampling: the tokens nearest the expected surprise, up to this mass, in (0, 1]
-    )
+    # locally typical sampling: the tokens whose surprise is nearest the entropy, up to this mass, in (0, 1]
+    typical_p: float | None = None
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the text
     stop: Any = None  # strings that end a sample (not included), e.g. 'stop=["\n\n"]'
     stop_at_eot: bool = True  # end a sample at the end-of-text token (BPE and byte tokenizers)

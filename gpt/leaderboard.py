@@ -65,11 +65,12 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
         for p in sweep_dir.iterdir()
         if p.is_dir() and ((p / ".hydra").is_dir() or (p / "summary.json").is_file() or p.name.isdigit())
     ]
-    return sorted(jobs, key=_order)
+    return sorted(jobs, key=lambda job: run_order(job.name))
 
 
-def _order(job: Path) -> tuple:
-    return (0, int(job.name), "") if job.name.isdigit() else (1, 0, job.name)
+def run_order(name: str) -> tuple:
+    """Sort key of a sweep's job folder names: Hydra's numbers as numbers, then any other name."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def _overrides(job: Path, summary: dict) -> list[str]:
@@ -137,7 +138,7 @@ def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> tuple[list[dict]
     def key(row):
         value = row.get(rank_by)
         usable = isinstance(value, (int, float)) and math.isfinite(value)
-        return (not usable, sign * value if usable else 0.0, row["status"] != "finished", _order(Path(row["run"])))
+        return (not usable, sign * value if usable else 0.0, row["status"] != "finished", run_order(row["run"]))
 
     # Show what sets runs apart: the overrides that are not common to every run of the sweep
     # (among the runs whose overrides are known).

@@ -111,6 +111,16 @@ def setup(
     return Runtime(device=dev, dtype=dt, compile=comp, reasons=reasons, threads=governor)
 
 
+def free_memory() -> None:
+    """Give back what a finished (or failed) run held: unreachable objects, and the CUDA cache
+    (so that the next job of a multirun starts with the whole GPU)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

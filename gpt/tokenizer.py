@@ -176,7 +176,6 @@ def _load_encoding(name: str, ranks_file: str | None):
 
 
 _KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenTokenizer, "bpe": TrainedBPE, "hf": HFTokenizer}
-FITTED = ("char", "bpe")  # learnt from the corpus when it is prepared
 
 
 def normalize_spec(d: dict) -> dict:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from gpt.apps import common
 from gpt.config import SweepConfig
 from gpt.errors import TinyGPTError
-from gpt.leaderboard import write_leaderboard
+from gpt.leaderboard import run_order, write_leaderboard
 from gpt.tracking import logger
 
 
@@ -82,16 +82,12 @@ class LeaderboardCallback(Callback):
             failed = {r["run"]: r["error"] or "no reason recorded" for r in rows if r["status"] == "failed"}
             ended = {r["run"] for r in rows}
         if failed:
-            first = min(failed, key=lambda num: _order(str(num)))
+            first = min(failed, key=lambda num: run_order(str(num)))
             print(
                 f"error: {len(failed)} of {len(ended)} jobs failed (first: job {first}: {failed[first]}); see {sweep_dir / 'leaderboard.md'}",
                 file=sys.stderr,
             )
             sys.exit(1)
-
-
-def _order(name: str) -> tuple:
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def search_space(config, trial) -> None:

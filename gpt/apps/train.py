@@ -255,21 +255,14 @@ def _task(cfg) -> float:
         # Out of the except block, the error and the frames it holds (the failed job's model and
         # optimizer) are gone: free them before the next job, which a sweeper may start while it
         # still holds the failure raised below.
-        _free_memory()
+        from gpt import runtime
+
+        runtime.free_memory()
         if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
             return float("nan")
         raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
 
     return common.guard(sweep_job if multirun else run)
-
-
-def _free_memory() -> None:
-    import gc
-
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _unexpected(error: Exception, job_dir: Path) -> str:

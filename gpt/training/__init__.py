@@ -7,13 +7,10 @@ runs the loop, and `train` does both for a settings object.
 
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 
-import torch
-
-from gpt import distributed
+from gpt import distributed, runtime
 from gpt.config import RunConfig
 from gpt.errors import RunRefused, TinyGPTError, out_of_memory
 from gpt.preemption import StopRequest
@@ -58,6 +55,4 @@ def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | N
         if lock is not None:
             lock.release()
         distributed.shutdown()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        runtime.free_memory()
