@@ -265,10 +265,17 @@ def candidates_in_run(run_dir: Path) -> list[Path]:
     return [best] * best.is_file() + step_checkpoints(run_dir)[::-1]
 
 
+def runs_under(root: str | Path) -> set[Path]:
+    """Every run directory (plain run or sweep job) below `root` holding a checkpoint of ours."""
+    return {
+        p.parent.parent for p in Path(root).expanduser().glob(f"**/{CKPT_DIR}/*.pt") if p.name == BEST or _STEP_FILE.match(p.name)
+    }
+
+
 def latest_run(runs_root: str | Path) -> Path:
     """The run directory (plain run or sweep job) whose checkpoint was written most recently."""
     root = Path(runs_root).expanduser()
-    candidates = {p.parent.parent for p in root.glob(f"**/{CKPT_DIR}/*.pt") if p.name == BEST or _STEP_FILE.match(p.name)}
+    candidates = runs_under(root)
     if not candidates:
         raise TinyGPTError(
             f"no trained run found under {root.resolve()}; train one first with `python train.py`, "

@@ -161,6 +161,9 @@ def test_latest_run_and_resolution(tmp_path):
             stamp = time.time() - 100 * age
             os.utime(d / checkpoint.step_file(step), (stamp, stamp))
     (tmp_path / "runs" / "c").mkdir()  # a run that failed before its first checkpoint
+    (tmp_path / "notes" / checkpoint.CKPT_DIR).mkdir(parents=True)  # a stray .pt is no run (serve's models=all)
+    (tmp_path / "notes" / checkpoint.CKPT_DIR / "scratch.pt").write_bytes(b"x")
+    assert checkpoint.runs_under(tmp_path) == {tmp_path / n for n in ("runs/a", "runs/b", "sweeps/s/0")}
     assert checkpoint.latest_run(tmp_path) == tmp_path / "runs" / "b"
     assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/ckpt-0000020.pt"
     (tmp_path / "runs/b/checkpoints/best.pt").write_bytes(b"x")

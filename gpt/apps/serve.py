@@ -40,7 +40,7 @@ def model_sources(s: ServeConfig) -> list[tuple[str, str]]:
 
     runs_root = Path(s.paths.runs_dir).expanduser()
     if s.models == ["all"]:
-        runs = sorted({p.parent.parent for p in runs_root.glob(f"**/{checkpoint.CKPT_DIR}/*.pt")})
+        runs = sorted(checkpoint.runs_under(runs_root))
         if not runs:
             raise TinyGPTError(f"models=all: no trained run under {runs_root.resolve()}; train one first or name models=[...]")
         sources = [str(r) for r in runs]

@@ -50,6 +50,11 @@ class Job:
     n: int
     emit: Callable[[list[Event]], None]  # called from the engine's thread
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # what rows must share to be filtered as one batch (gpt.config.SamplingSettings.controls)
+    group: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group = tuple(self.settings.controls().values())
 
     @property
     def rows(self) -> int:
@@ -288,7 +293,7 @@ def _choose(rows: list[_Slot], logits: torch.Tensor) -> list[int]:
     filtered together; each draws from its own generator."""
     groups: dict[tuple, list[int]] = {}
     for i, slot in enumerate(rows):
-        groups.setdefault(tuple(slot.job.settings.controls().values()), []).append(i)
+        groups.setdefault(slot.job.group, []).append(i)
     chosen = [0] * len(rows)
     for idx in groups.values():
         group, cfg = logits[idx], rows[idx[0]].job.settings

@@ -69,9 +69,7 @@ class CompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, value):
-        stops = [value] if isinstance(value, str) else list(value or [])
-        if any(s == "" for s in stops):
-            raise ValueError("stop strings must not be empty")
+        stops = [value] if isinstance(value, str) else list(value or [])  # empty ones: SamplingSettings refuses them
         if len(stops) > 16:
             raise ValueError(f"at most 16 stop strings, got {len(stops)}")
         if any(len(s) > 256 for s in stops):  # each is matched against the text at every token
