@@ -168,7 +168,17 @@ def _answer_errors_as_openai_does(app: FastAPI) -> None:
 
 
 async def _json_body(request: Request, limit: int):
-    """The body as JSON, read up to `limit` bytes (more: 413, whatever Content-Length says)."""
+    """The body as JSON, read up to `limit` bytes (more: 413, whatever Content-Length says).
+    Only a body sent as JSON is read as JSON: one sent with no Content-Type, as text/plain or
+    as curl -d's default (form-urlencoded) is a 415 that says which header to send."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()  # "; charset=..." is fine
+    if media_type != "application/json":
+        got = f"Content-Type {media_type!r}" if media_type else "no Content-Type"
+        raise ApiError(
+            415,
+            f"the request body must be JSON sent with the header 'Content-Type: application/json' (this one had {got})",
+            code="unsupported_media_type",
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(
@@ -193,11 +203,8 @@ def _parse(data) -> CompletionRequest:
     try:
         req = CompletionRequest.model_validate(data)
     except ValidationError as e:
-        message, param = describe(e)
-        raise ApiError(400, message, param=param) from None
-    unknown = req.unknown()
-    if unknown is not None:
-        raise ApiError(400, f"unknown parameter {unknown!r}", param=unknown)
+        message, param, code = describe(e, data)
+        raise ApiError(400, message, param=param, code=code) from None
     unsupported = req.unsupported()
     if unsupported:
         raise ApiError(400, unsupported)

@@ -5,9 +5,11 @@ gpt.config.SamplingSettings, as for sample.py."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import types
+import typing
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from gpt.config import SamplingSettings
 
@@ -22,9 +24,15 @@ UNSUPPORTED = {
     "frequency_penalty": (0.0, "frequency_penalty is not supported; use repetition_penalty"),
 }
 
+# Every value is taken only as the JSON type it should be (OpenAI refuses the others too):
+# "yes" is no boolean, true and 5.0 are no integers (a fraction or an exponent makes a JSON
+# number a decimal one), "0.5" is no number. An integer is a number: JSON has one number type,
+# and temperature 1 is 1.0.
+STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT  # a nested model is only as strict as its own config
     include_usage: bool = False
 
 
@@ -38,13 +46,17 @@ CONTROLS = {
     for name, default in SamplingSettings().controls().items()
     if name not in ("temperature", "top_p")
 }
+# The same controls as request fields typed as SamplingSettings types them, so that a new one is
+# as strictly typed as the rest with no change here (its ranges stay SamplingSettings' to check).
+_TYPES = typing.get_type_hints(SamplingSettings)
+_Controls = create_model("_Controls", __config__=STRICT, **{n: (_TYPES[n], d) for n, d in CONTROLS.items()})
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_Controls):
     """Defaults are OpenAI's (max_tokens 16, temperature 1, no top-k); `seed` absent draws one.
-    Other keys are tinygpt's controls (CONTROLS), checked by SamplingSettings."""
+    The fields of _Controls are tinygpt's (CONTROLS); any other key is refused."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = STRICT
 
     model: str | None = None  # one of GET /v1/models' ids; absent: the first
     prompt: str | list[str] | list[int] | list[list[int]] = ""
@@ -57,14 +69,14 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
-    # OpenAI's, accepted only when off
-    logprobs: Any = None
-    echo: Any = False
-    suffix: Any = None
-    best_of: Any = 1
-    logit_bias: Any = None
-    presence_penalty: Any = 0.0
-    frequency_penalty: Any = 0.0
+    # OpenAI's, accepted only when off (null counts as off)
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = 1
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
 
     @field_validator("stop")
     @classmethod
@@ -76,13 +88,9 @@ class CompletionRequest(BaseModel):
             raise ValueError("stop strings must be at most 256 characters")
         return tuple(stops)
 
-    def unknown(self) -> str | None:
-        """The first key that is neither OpenAI's nor one of tinygpt's controls."""
-        return next((key for key in self.model_extra or {} if key not in CONTROLS), None)
-
     def controls(self) -> dict:
         """tinygpt's controls: as asked, else their defaults (CONTROLS)."""
-        return {name: (self.model_extra or {}).get(name, default) for name, default in CONTROLS.items()}
+        return {name: getattr(self, name) for name in CONTROLS}
 
     def unsupported(self) -> str | None:
         """The message for the first OpenAI parameter set to something this server cannot do."""
@@ -101,15 +109,71 @@ class CompletionRequest(BaseModel):
         return list(self.prompt)
 
 
-def describe(error: ValidationError) -> tuple[str, str | None]:
-    """One line for the first problem pydantic found, and the parameter it concerns."""
+def describe(error: ValidationError, data: dict) -> tuple[str, str | None, str | None]:
+    """One line for the first problem pydantic found in request `data`, the parameter it
+    concerns (dotted when nested: stream_options.include_usage) and OpenAI's code for it."""
     first = error.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("list[", "str", "int"))]
-    param = loc[0] if loc else None
-    message = first.get("msg", "invalid request")
-    if first.get("type") == "extra_forbidden":
-        return f"unknown parameter {param!r}", param
-    return (f"{'.'.join(loc)}: {message}" if loc else message), param
+    if first["type"] == "extra_forbidden":
+        param = ".".join(str(p) for p in first["loc"])
+        return f"unknown parameter {param!r}", param, None
+    path, hint = _field_at(first["loc"])
+    param = ".".join(path) or None
+    if first["type"].endswith("_type") and hint is not None:  # int_type, bool_type, model_type, ...
+        value = _value_at(data, path)
+        shown = json.dumps(value, ensure_ascii=False)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        if isinstance(value, int) and not isinstance(value, bool) and float in _kinds(hint):
+            return f"{param} is too large for a number, got {shown}", param, "invalid_type"
+        return f"{param} must be {_expected(hint)}, got {shown}", param, "invalid_type"
+    return (f"{param}: {first['msg']}" if param else first["msg"]), param, None
+
+
+def _field_at(loc: tuple) -> tuple[list[str], object]:
+    """The request fields that pydantic's error location `loc` passes through, and the type of
+    the last; the rest of it (a union's branch, a list index) is inside that field's value."""
+    path, model, hint = [], CompletionRequest, None
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            break
+        path.append(part)
+        hint = model.model_fields[part].annotation
+        model = next((t for t in _kinds(hint) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return path, hint
+
+
+def _value_at(data: dict, path: list[str]):
+    for name in path:
+        data = data[name]
+    return data
+
+
+def _kinds(hint) -> tuple:
+    """The types a union allows (`int | None` -> int, NoneType); any other type alone."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
+_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _expected(hint) -> str:
+    """What a value of type `hint` is called in JSON: 'an integer or null', 'a list of strings'."""
+    kinds = _kinds(hint)
+    if len(kinds) > 1:
+        names = [_expected(k) for k in kinds]
+        return ", ".join(names[:-1]) + " or " + names[-1]
+    if typing.get_origin(hint) is list:
+        return f"a list of {_plural(typing.get_args(hint)[0])}"
+    if typing.get_origin(hint) is dict:  # JSON's keys are strings: say what the values are
+        return f"an object of {_plural(typing.get_args(hint)[1])}"
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return "an object"
+    return _NAMES.get(hint, "another type")
+
+
+def _plural(hint) -> str:
+    """'integers', 'lists of integers': many values of type `hint`."""
+    head, _, rest = _expected(hint).split(" ", 1)[1].partition(" ")  # "a list of x" -> "list", "of x"
+    return f"{head}s {rest}".rstrip()
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:

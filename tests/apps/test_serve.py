@@ -178,6 +178,32 @@ def test_stop_strings_prompt_lists_and_extra_controls(server, trained_run, data_
     assert got.choices[0].text == penalised[0]
 
 
+def test_every_earlier_request_shape_works_through_the_openai_client(server):
+    """What the openai client sends for each parameter, at each type and null it took before
+    requests were strictly typed: still served."""
+    api = client(server)
+    model = api.models.list().data[0].id
+    off = dict(logprobs=None, echo=False, best_of=1, logit_bias={}, presence_penalty=0, frequency_penalty=0, suffix=None)
+    shapes = [
+        dict(prompt="ROMEO:"),  # OpenAI's defaults: 16 tokens at temperature 1
+        dict(prompt=["KING:", "ROMEO:"], max_tokens=4, stop="\n", n=2, user="someone"),
+        dict(prompt=[1, 2, 3], max_tokens=4, temperature=0, top_p=1, seed=0),  # token ids; integers for numbers
+        dict(prompt=[[1, 2], [3]], max_tokens=4, temperature=0.5, top_p=0.9, seed=None, stop=None),
+        dict(prompt="ROMEO:", max_tokens=4, model=None, **off),
+        dict(prompt="ROMEO:", max_tokens=4, extra_body={"top_k": None, "min_p": 0, "typical_p": 1, "repetition_penalty": 1}),
+        dict(prompt="ROMEO:", max_tokens=4, extra_body={"top_k": 5, "min_p": 0.1, "typical_p": 0.9, "repetition_penalty": 1.2}),
+    ]
+    for shape in shapes:
+        got = api.completions.create(**{"model": model, **shape})
+        prompt = shape["prompt"]
+        prompts = len(prompt) if isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
+        assert len(got.choices) == prompts * shape.get("n", 1), shape
+    chunks = list(
+        api.completions.create(model=model, prompt="ROMEO:", max_tokens=4, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[-1].usage.completion_tokens == 4
+
+
 @pytest.mark.parametrize(
     "body, status, needle",
     [
@@ -203,6 +229,13 @@ def test_stop_strings_prompt_lists_and_extra_controls(server, trained_run, data_
         # a stop string matched against the text at every token of the shared batch
         ({"prompt": "a", "stop": ["q" * 257]}, 400, "at most 256 characters"),
         (b"[" * 100000 + b"]" * 100000, 400, "nested too deeply"),
+        # a value of another JSON type is refused, not converted (tests/serve/test_app.py: the rest)
+        ({"prompt": "a", "stream": "yes"}, 400, "stream must be a boolean"),
+        ({"prompt": "a", "max_tokens": True}, 400, "max_tokens must be an integer"),
+        ({"prompt": "a", "max_tokens": "5"}, 400, "max_tokens must be an integer"),
+        ({"prompt": "a", "temperature": "0.5"}, 400, "temperature must be a number"),
+        ({"prompt": "a", "n": 1.5}, 400, "n must be an integer"),
+        ({"prompt": "a", "top_k": "5"}, 400, "top_k must be an integer or null"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, body, status, needle):
@@ -216,7 +249,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, bod
     assert ok == 200 and len(answer["choices"][0]["text"]) == 3
 
 
-def test_api_key_body_size_and_unknown_routes(server):
+def test_api_key_body_size_content_type_and_unknown_routes(server):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         code, answer, _ = server.post({"prompt": "a"}, headers)
         assert code == 401 and answer["error"]["code"] == "invalid_api_key"
@@ -225,6 +258,8 @@ def test_api_key_body_size_and_unknown_routes(server):
     big = json.dumps({"prompt": "a" * 10_000_000}).encode()  # 10 MB
     code, answer, _ = server.post(None, {"Authorization": f"Bearer {KEY}"}, raw=big)
     assert code == 413 and "body" in answer["error"]["message"]
+    code, answer, _ = server.post({"prompt": "a"}, {"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"})
+    assert code == 415 and "Content-Type: application/json" in answer["error"]["message"]
     code, answer, _ = server.post({}, {"Authorization": f"Bearer {KEY}"}, path="/v1/nothing")
     assert code == 404 and "error" in answer
     assert server.health()["status"] == "ok"  # no key needed for the health check

@@ -1,7 +1,8 @@
 """gpt/serve/app.py in-process (uvicorn in a thread, a tiny random model): a failure inside the
 server reaches the client as one line in OpenAI's error shape, never a traceback, and the server
-serves on; the open-streams limit is a 429 with Retry-After. (The real command, the openai
-client and the other limits: tests/apps/test_serve.py.) Run: pytest tests/serve/test_app.py"""
+serves on; the open-streams limit is a 429 with Retry-After; every value is taken only as its
+own JSON type, and a body only as JSON. (The real command, the openai client and the other
+limits: tests/apps/test_serve.py.) Run: pytest tests/serve/test_app.py"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import socket
 import threading
 import time
+import typing
 
 import pytest
 import torch
@@ -49,9 +51,10 @@ def served():
     engine.close()
 
 
-def _post(port: int, body: dict) -> tuple[int, bytes, dict]:
+def _post(port: int, body: dict, content_type: str | None = "application/json") -> tuple[int, bytes, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": content_type} if content_type else {}  # http.client adds none of its own
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
     response = conn.getresponse()
     data = response.read()
     conn.close()
@@ -109,3 +112,97 @@ def test_every_sampling_control_is_served_and_checked_by_its_rules(served):
     assert status == 400 and "typical_p must be in (0, 1]" in error["message"] and error["param"] == "typical_p"
     status, data, _ = _post(port, {"prompt": "ab", "typical_q": 0.5})
     assert status == 400 and json.loads(data)["error"]["message"] == "unknown parameter 'typical_q'"
+
+
+WRONG_TYPES = [  # (a request's wrong value, the parameter the refusal names)
+    ({"stream": "yes"}, "stream"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_tokens": 5.0}, "max_tokens"),  # a JSON number written with a fraction is no integer (nor for OpenAI)
+    ({"temperature": "0.5"}, "temperature"),
+    ({"temperature": False}, "temperature"),
+    ({"n": 1.5}, "n"),
+    ({"seed": "7"}, "seed"),
+    ({"stop": 5}, "stop"),
+    ({"model": 5}, "model"),
+    ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"prompt": [True]}, "prompt"),  # true is no token id
+    ({"prompt": [1, "5"]}, "prompt"),
+    ({"prompt": [[1, True]]}, "prompt"),
+    ({"echo": 0}, "echo"),  # OpenAI's unsupported ones too: 0 is not false
+    ({"best_of": True}, "best_of"),
+    ({"presence_penalty": "0"}, "presence_penalty"),
+    ({"top_k": "5"}, "top_k"),
+    ({"top_k": True}, "top_k"),
+    ({"top_k": 2.0}, "top_k"),
+    ({"repetition_penalty": "1.2"}, "repetition_penalty"),
+    ({"min_p": 10**400}, "min_p"),  # no float holds it (was a 500)
+]
+
+
+@pytest.mark.parametrize("wrong, param", WRONG_TYPES, ids=[json.dumps(w)[:40] for w, _ in WRONG_TYPES])
+def test_a_value_of_the_wrong_json_type_is_refused_naming_its_parameter(served, wrong, param):
+    port, _ = served
+    status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 3, **wrong})
+    error = json.loads(data)["error"]
+    assert status == 400 and error["param"] == param and error["code"] == "invalid_type", error
+    assert error["message"].startswith(param) and error["type"] == "invalid_request_error", error
+
+
+def test_every_sampling_control_takes_only_its_own_json_type(served):
+    """Each of tinygpt's controls refuses the JSON types its SamplingSettings field does not
+    have: the server reads them from there, so a control added later is as strict."""
+    from gpt.config import SamplingSettings
+    from gpt.serve.schemas import CONTROLS
+
+    port, _ = served
+    hints = typing.get_type_hints(SamplingSettings)
+    refused = 0
+    for name in CONTROLS:
+        allowed = {typing.get_origin(k) or k for k in (typing.get_args(hints[name]) or (hints[name],))}
+        for wrong in ("5", True, 2.0, [2], {"k": 2}):
+            if type(wrong) in allowed:
+                continue  # e.g. 2.0 for a number
+            status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 3, name: wrong})
+            error = json.loads(data)["error"]
+            assert status == 400 and error["param"] == name and error["code"] == "invalid_type", (name, wrong, error)
+            refused += 1
+    assert refused >= 4 * len(CONTROLS)
+
+
+def test_json_integers_for_numbers_and_nulls_are_taken_as_before(served):
+    """JSON has one number type: temperature 1 is 1.0 (as for OpenAI), the same completion. Null
+    stays accepted wherever it was, and OpenAI's unsupported parameters at their off value."""
+    port, _ = served
+    same = {"prompt": "ab", "max_tokens": 5, "seed": 3}
+    as_floats = {**same, "temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0}
+    as_ints = {**same, "temperature": 1, "top_p": 1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0}
+    texts = []
+    for body in (as_floats, as_ints):
+        status, data, _ = _post(port, body)
+        assert status == 200, data
+        texts.append(json.loads(data)["choices"][0]["text"])
+    assert texts[0] == texts[1] and len(texts[0]) == 5
+    nulls = dict.fromkeys(("model", "top_p", "top_k", "min_p", "typical_p", "seed", "stop", "stream_options", "user"))
+    nulls.update(dict.fromkeys(("logprobs", "echo", "suffix", "best_of", "logit_bias", "presence_penalty", "frequency_penalty")))
+    off = {"echo": False, "best_of": 1, "logit_bias": {}, "frequency_penalty": 0, "stream_options": {"include_usage": False}}
+    for body in (nulls, off, {"prompt": [1, 2]}, {"prompt": [[1, 2], [3]]}, {"prompt": ["ab", "c"], "stop": ["x", "y"]}):
+        status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 2, **body})
+        assert status == 200, (body, data)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_is_415_saying_what_to_send(served, content_type):
+    """text/plain, curl -d's default and no header at all: a 415 naming the header to send."""
+    port, _ = served
+    status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 3}, content_type=content_type)
+    error = json.loads(data)["error"]
+    assert status == 415 and "Content-Type: application/json" in error["message"], error
+    assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON"])
+def test_json_with_parameters_or_in_capitals_is_json(served, content_type):
+    port, _ = served
+    status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 3}, content_type=content_type)
+    assert status == 200 and len(json.loads(data)["choices"][0]["text"]) == 3
