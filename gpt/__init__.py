@@ -9,7 +9,9 @@ From Python, with the same configs and overrides as the command line:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from gpt.version import __version__
+
+__all__ = ["__version__", "sample", "train"]
 
 
 def train(overrides: list[str] | tuple[str, ...] = (), on_step=None, on_eval=None) -> dict:

@@ -67,6 +67,18 @@ def expected_type(cls, name: str) -> str | None:
     return " or ".join(names) if all(names) else None
 
 
+def check_threads(value: Any) -> int | str | None:
+    """`threads=`: a positive count, null (the rule of gpt.threads) or auto (follow the load). An
+    `Any` field: Hydra's structured configs have no int-or-string type."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise TinyGPTError(
+        f"threads must be a positive integer, null (OMP_NUM_THREADS, else the cores) or auto (follow the load), got {value!r}"
+    )
+
+
 def _at_least(obj, section: str, minimum: int, names: tuple[str, ...], hint: str = "") -> None:
     for name in names:
         value = getattr(obj, name)
@@ -198,7 +210,8 @@ class TrainSettings:
     eval_sample_tokens: int = 100  # a short sample at every eval, in TensorBoard's Text tab (0: none)
     histogram_every: int = 0  # weight/gradient histograms every N evals (0: never)
     attention_every: int = 0  # attention-map images every N evals (0: never; GPT only)
-    eval_tasks: list[str] = field(default_factory=list)  # zero-shot tasks scored at every eval, e.g. [hellaswag]
+    # zero-shot tasks scored at every eval, e.g. [hellaswag]; names checked by gpt.tasks (settings import no behaviour)
+    eval_tasks: list[str] = field(default_factory=list)
     eval_task_limit: int = 200  # items of each task scored at an eval (the first ones)
 
     def __post_init__(self) -> None:
@@ -219,10 +232,6 @@ class TrainSettings:
                 "eval_task_limit",
             ),
         )
-        from gpt.tasks import task_of  # the tasks module builds on these settings
-
-        for name in self.eval_tasks:
-            task_of(name)
         if self.grad_clip < 0:
             raise TinyGPTError(f"train.grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
         _at_least(
@@ -340,11 +349,12 @@ class RunConfig:
     device: str = "auto"  # auto = cuda > mps > cpu; or cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto = bf16 autocast where supported, fp16 + GradScaler on older GPUs, fp32 elsewhere
     compile: str = "auto"  # auto = on for CUDA | true | false
-    threads: int | None = None  # CPU threads; null: the free cores, looked at again as other work comes and goes (gpt.threads)
+    # CPU threads: N | null (OMP_NUM_THREADS, else the cores; a resume keeps its checkpoint's) | auto (follow the load)
+    threads: Any = None
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        _at_least(self, "", 1, ("threads",))
+        self.threads = check_threads(self.threads)
         self.compile = self.compile.lower()  # compile=true arrives as "True"
         if self.compile not in ("auto", "true", "false"):
             raise TinyGPTError(f"compile={self.compile!r} is not understood; use compile=auto, compile=true or compile=false")
@@ -431,11 +441,12 @@ class SampleConfig(SamplingSettings, ModelChoice):
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = False  # torch.compile the model first (pays off for long generations on a GPU)
-    threads: int | None = None  # CPU threads; null: the free cores
+    threads: Any = None  # CPU threads: N | null (OMP_NUM_THREADS, else the cores) | auto (follow the load)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _at_least(self, "", 1, ("num_samples", "threads"))
+        _at_least(self, "", 1, ("num_samples",))
+        self.threads = check_threads(self.threads)
 
 
 @dataclass
@@ -458,12 +469,13 @@ class ServeConfig(ModelChoice):
     max_n: int = 8  # the largest n (completions per prompt) times prompts a request may ask for
     device: str = "auto"
     dtype: str = "auto"
-    threads: int | None = None  # CPU threads; null: the free cores
+    threads: Any = None  # CPU threads: N | null (OMP_NUM_THREADS, else the cores) | auto (follow the load)
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        positive = ("max_batch", "max_streams", "max_body_bytes", "max_prompt_tokens", "max_tokens", "max_n", "threads")
+        positive = ("max_batch", "max_streams", "max_body_bytes", "max_prompt_tokens", "max_tokens", "max_n")
         _at_least(self, "", 1, positive)
+        self.threads = check_threads(self.threads)
         _at_least(self, "", 1, ("max_queue",))  # every request waits in the queue, if only for a step
         if not 1 <= self.port <= 65535:
             raise TinyGPTError(f"port must be in 1..65535, got {self.port}")
@@ -496,13 +508,14 @@ class EvalConfig(ModelChoice):
     stride: int | None = None  # sliding-window step: each target gets >= block_size - stride tokens of context; null: block_size
     batch_size: int = 16
     device: str = "auto"
-    threads: int | None = None  # CPU threads; null: the free cores
+    threads: Any = None  # CPU threads: N | null (OMP_NUM_THREADS, else the cores) | auto (follow the load)
     data: DataSettings | None = None  # another prepared dataset (data=<name>); null: the model's own
     task: TaskSettings | None = None  # a zero-shot task (task=<name>) instead of perplexity
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        _at_least(self, "", 1, ("max_tokens", "stride", "batch_size", "threads"))
+        _at_least(self, "", 1, ("max_tokens", "stride", "batch_size"))
+        self.threads = check_threads(self.threads)
         if self.split not in ("train", "val"):
             raise TinyGPTError(f"split={self.split!r}: use train or val")
         if self.task is not None and (self.text_file or self.data is not None):

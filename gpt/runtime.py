@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gpt.errors import TinyGPTError
-from gpt.threads import ThreadGovernor
+from gpt.threads import Threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -21,7 +21,7 @@ class Runtime:
     dtype: torch.dtype  # compute dtype of the forward/backward pass (weights stay fp32)
     compile: bool
     reasons: list[str] = field(default_factory=list)
-    threads: ThreadGovernor | None = None  # CPU threads, kept to the cores other work leaves free
+    threads: Threads | None = None  # CPU threads: chosen once (gpt.threads), or following the load with threads=auto
 
     @property
     def use_grad_scaler(self) -> bool:
@@ -95,20 +95,20 @@ def setup(
     dtype: str = "auto",
     compile: str | bool = "auto",
     local_rank: int | None = None,
-    threads: int | None = None,
+    threads: int | str | None = None,
     local_processes: int = 1,
 ) -> Runtime:
     dev, why_dev = pick_device(device, local_rank)
     dt, why_dt = pick_dtype(dev, dtype)
     comp, why_comp = pick_compile(dev, compile)
-    governor = ThreadGovernor(dev, threads, local_processes)
-    reasons = [why_dev, why_dt, why_comp, governor.reason]
+    chosen = Threads(dev, threads, local_processes)
+    reasons = [why_dev, why_dt, why_comp, chosen.reason]
     if dev.type == "cuda":
         # TF32 matmuls: ~free speed on Ampere+ with no visible effect on training.
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         reasons.append("TF32 matmuls on")
-    return Runtime(device=dev, dtype=dt, compile=comp, reasons=reasons, threads=governor)
+    return Runtime(device=dev, dtype=dt, compile=comp, reasons=reasons, threads=chosen)
 
 
 def free_memory() -> None:

@@ -110,6 +110,12 @@ def task_of(name: str) -> Task:
     return TASKS[name]
 
 
+def check_names(names: list[str]) -> None:
+    """Refuse a task name that is not one of TASKS (train.eval_tasks, before anything runs)."""
+    for name in names:
+        task_of(name)
+
+
 def source_of(settings: TaskSettings, data_root: Path) -> SourceSettings:
     """Where the task's items come from: task.path, else a local copy, else the Hub."""
     path = Path(settings.path).expanduser() if settings.path else local_copy(settings.name, data_root)
