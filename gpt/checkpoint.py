@@ -10,6 +10,10 @@ Format history (`format` in the file):
   1  tinygpt 0.1 (no `format` key): training state (optimizer, scaler, loader, rng, bad_steps,
      bad_in_a_row, lora) at the top level.
   2  `format` and `tinygpt_version` keys; the training state under `training`.
+  3  the training state records the CPU thread count it was trained with (a resume keeps it:
+     gpt.threads) and the run's elapsed wall time (`elapsed_s`, and `best_elapsed_s` at its best
+     val loss). From 3 on, training-state keys this tinygpt does not know are ignored, so a
+     later optional key needs no new format.
 """
 
 from __future__ import annotations
@@ -25,13 +29,13 @@ from typing import TypeVar
 
 import torch
 
-from gpt import __version__
 from gpt.errors import TinyGPTError
 from gpt.io import atomic_write, temporary_owner
+from gpt.version import __version__
 
 T = TypeVar("T")
 
-FORMAT = 2
+FORMAT = 3
 CKPT_DIR = "checkpoints"
 RUN_STAMP = "%Y-%m-%d_%H-%M-%S-%f"  # run folder names; configs/hydra/default.yaml names them alike (tested)
 BEST = "best.pt"
@@ -49,6 +53,9 @@ class TrainingState:
     rng: list[dict]  # every rank's random state, indexed by rank
     bad_steps: int = 0  # non-finite steps skipped so far
     bad_in_a_row: int = 0
+    threads: int | None = None  # CPU threads it was trained with (None: unknown, format < 3)
+    elapsed_s: float = 0.0  # wall-clock seconds the run took to reach this step, over all its resumes
+    best_elapsed_s: float | None = None  # elapsed_s when the best val loss so far was reached
 
 
 @dataclass
@@ -99,7 +106,8 @@ class Checkpoint:
         known = {f.name for f in fields(cls)}
         ckpt = cls(**{k: v for k, v in payload.items() if k in known})
         if isinstance(ckpt.training, dict):
-            ckpt.training = TrainingState(**ckpt.training)
+            state = {f.name for f in fields(TrainingState)}
+            ckpt.training = TrainingState(**{k: v for k, v in ckpt.training.items() if k in state})
         # Checkpoints written from a compiled model by older code carry the wrapper's prefix.
         ckpt.model = {k.removeprefix(_COMPILED_PREFIX): v for k, v in ckpt.model.items()}
         return ckpt
@@ -318,12 +326,13 @@ def parse_resume(value) -> str | Path:
     return Path(text).expanduser()
 
 
-def resume_source(resume, out_dir: Path, newest=latest) -> Path | None:
+def resume_source(resume, out_dir: Path, newest=latest, peek=None) -> Path | None:
     """The checkpoint a training run starts from, per `resume`:
     auto  - this run directory's newest checkpoint if it has one (rerunning a run continues it),
     false - none; refuse to train into a directory that already holds a run,
     path  - that checkpoint file, or the newest checkpoint of that run directory (the run
-            continues in the new directory; the old one is only read)."""
+            continues in the new directory; the old one is only read).
+    `peek(path)`: the checkpoint at path, when the caller has it already (read here otherwise)."""
     mode = parse_resume(resume)
     if mode == AUTO:
         return newest(out_dir)
@@ -344,7 +353,8 @@ def resume_source(resume, out_dir: Path, newest=latest) -> Path | None:
         return source
     # This directory's run began from `resume` and has saved since (preempted, rerun with the
     # same overrides): continue it, not the starting point again.
-    if source.resolve().parent != own.resolve().parent and _same_path(load(own, mmap=True).config.get("resume"), resume):
+    peek = peek or (lambda path: load(path, mmap=True))
+    if source.resolve().parent != own.resolve().parent and _same_path(peek(own).config.get("resume"), resume):
         return own
     # Any other trajectory here would overwrite its ckpt-<step> files (same step names) or have
     # them pruned (retention keeps the highest steps): refuse rather than lose them.

@@ -6,7 +6,7 @@ newest run under the runs folder). Used by sampling, evaluation, export and fine
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.nn as nn
@@ -141,16 +141,15 @@ def _stamp(path: Path) -> tuple:
     return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
 
-def newest_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest step checkpoint of `run_dir` that `resumable` accepts, and the newer ones it
-    refused with the reason for each (for the caller to set aside and say so); (None, []) for a
-    run without checkpoints. A run whose checkpoints all fail is refused: starting afresh there
-    would overwrite or prune them."""
+def newest_resumable(run_dir: Path) -> tuple[Path | None, Checkpoint | None, list[tuple[Path, str]]]:
+    """The newest step checkpoint of `run_dir` that `resumable` accepts (its path and checkpoint),
+    and the newer ones it refused with the reason for each (for the caller to set aside and say
+    so); (None, None, []) for a run without checkpoints. A run whose checkpoints all fail is
+    refused: starting afresh there would overwrite or prune them."""
     refused = []
     for path in reversed(checkpoint.step_checkpoints(run_dir)):
         try:
-            resumable(path)
-            return path, refused
+            return path, resumable(path), refused
         except TinyGPTError as e:
             refused.append((path, str(e)))
     if refused:
@@ -158,7 +157,48 @@ def newest_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]
             f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
             f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
         )
-    return None, refused
+    return None, None, refused
+
+
+@dataclass
+class ResumePoint:
+    """Where a training run into `run_dir` continues from, found once: the command line finds it
+    before Hydra writes anything (and refuses a bad one), and the run's set-up takes it as found."""
+
+    run_dir: Path | None  # None: where the run goes is not known yet (only resume= is examined)
+    source: Path | None = None  # None: a new run
+    checkpoint: Checkpoint | None = None  # the source's (tensors mapped, not read)
+    refused: list[tuple[Path, str]] = field(default_factory=list)  # newer checkpoints of run_dir that cannot be resumed
+
+
+def resume_point(resume, run_dir: Path | None) -> ResumePoint:
+    """The checkpoint a training run into `run_dir` starts from per `resume` (auto | false | a
+    checkpoint or run directory: gpt.checkpoint.resume_source), each candidate examined once by
+    `resumable`; a TinyGPTError that says what is wrong otherwise."""
+    point, found = ResumePoint(Path(run_dir) if run_dir is not None else None), {}
+
+    def newest(folder: Path | None) -> Path | None:
+        if folder is None:
+            return None
+        path, ckpt, refused = newest_resumable(folder)
+        found[path] = ckpt
+        point.refused += refused
+        return path
+
+    given = checkpoint.parse_resume(resume)
+    if isinstance(given, Path) and given.is_file():  # first: what is wrong with it is the news
+        try:
+            found[given] = resumable(given)
+        except TinyGPTError as e:
+            raise TinyGPTError(f"resume={resume}: {e}") from None
+    peek = lambda path: found.get(path) or checkpoint.load(path, mmap=True)  # noqa: E731
+    point.source = checkpoint.resume_source(resume, point.run_dir, newest, peek)
+    if point.source is not None:
+        try:
+            point.checkpoint = found.get(point.source) or resumable(point.source)
+        except TinyGPTError as e:
+            raise TinyGPTError(f"resume={resume}: {e}") from None
+    return point
 
 
 def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:

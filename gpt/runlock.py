@@ -6,13 +6,18 @@ crash, a reboot) is taken over: on the owner's host, when its pid no longer runs
 newer process that reused the pid); from another host, when neither the lock nor the run's
 summary.json heartbeat is younger than `STALE_AFTER` seconds. Under torchrun only rank 0 holds it.
 
-The command line takes the lock before Hydra writes into the directory (gpt.apps.train), and the
-trainer in the same process finds it its own; a notebook's `train()` takes it itself. The lock
-file appears whole (written aside, then hard-linked into place), so no reader ever sees it empty.
+The command line takes the lock before anything else reads or writes the directory (before the
+run's checks and Hydra: gpt.apps.train), and the trainer in the same process finds it its own; a
+notebook's `train()` takes it itself. Taking it is one atomic step: the lock file appears whole
+(written aside, then hard-linked into place, which fails if one exists), so of two starts in the
+same instant exactly one gets it, and no reader ever sees it empty. Taking over a dead owner's lock
+(read it, remove it, link ours) is serialised by an exclusive flock on the run directory, so two
+starts cannot both find it dead and each remove the other's new lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -109,33 +114,70 @@ def _create(aside: Path, lock: Path) -> None:
             f.write(aside.read_text())
 
 
+@contextlib.contextmanager
+def _serialised(run_dir: Path):
+    """An exclusive flock on the directory itself while a takeover runs (no file of its own to
+    leave behind). Where directories cannot be flocked (not POSIX, some network filesystems),
+    no guard: the takeover is then as atomic as the filesystem allows."""
+    try:
+        import fcntl
+
+        fd = os.open(run_dir, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
 class RunLock:
     def __init__(self, run_dir: Path, log=print):
         self.path, self.run_dir, self.log, self.held = Path(run_dir) / LOCK, Path(run_dir), log, False
 
     def acquire(self) -> RunLock:
         """Take the lock, or find it already this process's (then the first holder releases it)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TinyGPTError(
+                f"cannot create the run directory {self.run_dir} ({e.strerror or e}); train into a folder you can write"
+            ) from None
         aside = self.run_dir / f"{LOCK}.{os.getpid()}"
         aside.write_text(json.dumps({**_me(), "time": time.time()}))
         try:
-            for _ in range(2):
-                try:
-                    _create(aside, self.path)
-                except FileExistsError:
-                    owner = owner_of(self.run_dir)
-                    if _is_me(owner):
-                        return self
-                    if owner is not None:
-                        raise _refusal(self.run_dir, owner) from None
-                    self.log(f"notice: taking over {self.path} from a process that is gone")
-                    self.path.unlink(missing_ok=True)
-                    continue
-                self.held = True
-                return self
+            try:
+                _create(aside, self.path)
+            except FileExistsError:
+                return self._take_over(aside)
+            self.held = True
+            return self
         finally:
             aside.unlink(missing_ok=True)
-        raise _refusal(self.run_dir, owner_of(self.run_dir) or {})
+
+    def _take_over(self, aside: Path) -> RunLock:
+        """A lock exists: ours already, a live owner's (refused), or a dead owner's, replaced by ours.
+        Read again under the guard: another start may have replaced it meanwhile."""
+        with _serialised(self.run_dir):
+            owner = owner_of(self.run_dir)
+            if _is_me(owner):
+                return self
+            if owner is not None:
+                raise _refusal(self.run_dir, owner)
+            if self.path.exists():
+                self.log(f"notice: taking over {self.path} from a process that is gone")
+                self.path.unlink(missing_ok=True)
+            try:
+                _create(aside, self.path)
+            except FileExistsError:  # a start that took no guard (a filesystem without flock) won
+                raise _refusal(self.run_dir, owner_of(self.run_dir) or {}) from None
+            self.held = True
+            return self
 
     def release(self) -> None:
         """Remove the lock if it is still this process's (one taken over meanwhile is not)."""

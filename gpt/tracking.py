@@ -66,14 +66,19 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 class MetricsFile:
     """Appends one JSON object per line to <run>/metrics.jsonl, at full float precision (for
-    tools, plots and exact comparisons); a None path makes it a no-op."""
+    tools, plots and exact comparisons); a None path makes it a no-op. Every row carries its
+    time: `time` (Unix seconds) and `elapsed_s` (the run's seconds so far, from `clock`: over all
+    its resumes), so "time to reach loss X" needs nothing but the file."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, clock=None):
         self.f = open(path, "a", encoding="utf-8") if path is not None else None
+        self.started = time.time()
+        self.clock = clock or (lambda: time.time() - self.started)
 
     def write(self, **record) -> None:
         if self.f is not None:
-            self.f.write(json.dumps(record) + "\n")
+            row = {**record, "time": time.time(), "elapsed_s": record.get("elapsed_s", self.clock())}
+            self.f.write(json.dumps(row) + "\n")
             self.f.flush()
 
     def close(self) -> None:
@@ -150,10 +155,18 @@ class RunRecords:
     METRICS = ["hparams/best_val_loss", "hparams/final_val_loss"]  # what the HParams tab ranks runs by
 
     def __init__(
-        self, out_dir: Path | None = None, settings: dict | None = None, first_step: int = 0, task_tags: list[str] = (), **summary
+        self,
+        out_dir: Path | None = None,
+        settings: dict | None = None,
+        first_step: int = 0,
+        task_tags: list[str] = (),
+        clock=None,
+        **summary,
     ):
+        """`clock`: the run's elapsed seconds (metrics.jsonl's `elapsed_s`); `summary`: fields of
+        summary.json known at the start."""
         self.tb = TensorBoardTracker(out_dir / "tb") if out_dir is not None else NullTracker()
-        self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None)
+        self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None, clock)
         # A resumed run carries its record on (its last eval's figures stay until the next one).
         earlier = _read_json(out_dir / "summary.json") if out_dir is not None and first_step > 0 else {}
         earlier = {k: v for k, v in earlier.items() if k not in ("status", "error")}  # this run's own, from now
@@ -169,9 +182,13 @@ class RunRecords:
         self.tb.scalars(step, {"loss/train": loss, "lr": lr, "perf/ms_per_step": ms_per_step, **scalars})
         self.metrics.write(kind="train", step=step, loss=loss, lr=lr, ms_per_step=ms_per_step)
 
-    def eval(self, step: int, train: float, val: float, best: float) -> None:
+    def eval(self, step: int, train: float, val: float, best: float, elapsed_s: float | None = None) -> None:
+        """An eval's losses; `elapsed_s`: the time to record with it (the clock's now if None),
+        so that summary.json's best_elapsed_s is the very figure of its row."""
         self.tb.scalars(step, {"loss/train_eval": train, "loss/val": val, self.METRICS[0]: best, self.METRICS[1]: val})
-        self.metrics.write(kind="eval", step=step, train=train, val=val)
+        self.metrics.write(
+            kind="eval", step=step, train=train, val=val, **({} if elapsed_s is None else {"elapsed_s": elapsed_s})
+        )
 
     def tasks(self, step: int, figures: dict[str, dict]) -> None:
         """Zero-shot task figures ({task: {metric: value}}): TensorBoard under tasks/<task>/<metric>,

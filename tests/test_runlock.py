@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from gpt import runlock
 from gpt.errors import TinyGPTError
 from gpt.runlock import RunLock
-from helpers import assert_one_line_error, run_script
+from helpers import REPO, assert_one_line_error, run_script
 
 
 def _write_lock(run_dir, **owner):
@@ -131,33 +132,121 @@ def test_a_reader_never_sees_a_half_written_lock(tmp_path, monkeypatch):
     assert seen[0]["pid"] == seen[1]["pid"] == os.getpid()
 
 
-def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_process):
-    """`tinygpt train hydra.run.dir=R` takes R's lock before Hydra moves or writes anything there
-    and holds it until the process ends; a start while another process holds it is refused with
-    the earlier run's record in place."""
-    from gpt.apps.train import protect_earlier_run
+def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_process, monkeypatch):
+    """`tinygpt train hydra.run.dir=R` takes R's lock before its checks read R or Hydra moves or
+    writes anything there, and holds it until the process ends; a start while another process
+    holds it is refused with the earlier run's record in place, before anything reads the run."""
+    from gpt import loading
+    from gpt.apps.train import claim_run_dir
 
-    protect_earlier_run([f"hydra.run.dir={tmp_path / 'a'}"])
+    monkeypatch.chdir(tmp_path)
+    examined = []
+    real = loading.resume_point
+    monkeypatch.setattr(loading, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
+    assert claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"], []) == []  # a path: nothing to pin
     assert json.loads((tmp_path / "a" / runlock.LOCK).read_text())["pid"] == os.getpid()
     RunLock(tmp_path / "a").acquire().release()  # the trainer, in this process, finds it its own
-    assert (tmp_path / "a" / runlock.LOCK).exists()
+    assert (tmp_path / "a" / runlock.LOCK).exists() and len(examined) == 1
     (tmp_path / "b" / ".hydra").mkdir(parents=True)
     (tmp_path / "b" / "checkpoints").mkdir()
     (tmp_path / "b" / "checkpoints" / "ckpt-0000010.pt").write_bytes(b"x")
     _write_lock(tmp_path / "b", pid=other_process.pid, started=runlock._started(other_process.pid))
     with pytest.raises(TinyGPTError, match="is being trained by process"):
-        protect_earlier_run([f"hydra.run.dir={tmp_path / 'b'}"])
+        claim_run_dir([f"hydra.run.dir={tmp_path / 'b'}"], [])
     assert (tmp_path / "b" / ".hydra").is_dir() and not (tmp_path / "b" / ".hydra-1").exists()
+    assert len(examined) == 1  # refused before its checkpoints were read
 
 
-def test_an_interpolated_run_dir_is_left_to_the_trainer(tmp_path, monkeypatch):
-    """hydra.run.dir='outputs/${now:...}' names no directory until Hydra resolves it: no folder
-    of that literal name is made or locked (two such starts must not refuse each other)."""
-    from gpt.apps.train import protect_earlier_run
+def test_an_interpolated_run_dir_is_resolved_once_and_locked(tmp_path, monkeypatch):
+    """hydra.run.dir='outputs/${now:...}' (or the default, or 'lr_${optim.lr}') is resolved here,
+    locked, and pinned for Hydra as the folder it resolved to (a second resolution of ${now:}
+    would name another); a refused start leaves no empty folder behind."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from gpt.apps.train import claim_run_dir, override_value
 
     monkeypatch.chdir(tmp_path)
-    protect_earlier_run(["hydra.run.dir=outputs/${now:%H-%M-%S}"])
-    assert not (tmp_path / "outputs").exists()
+    pinned = claim_run_dir(["hydra.run.dir=outputs/${now:%H-%M-%S}"], [])
+    folder = OverridesParser.create().parse_override(pinned[0]).value()
+    assert pinned[0].startswith("hydra.run.dir=") and (tmp_path / "outputs").is_dir()
+    assert json.loads((Path(folder) / runlock.LOCK).read_text())["pid"] == os.getpid()
+    default = OverridesParser.create().parse_override(claim_run_dir([], [])[0]).value()
+    assert Path(default).parent == tmp_path / "outputs" / "runs"
+    with pytest.raises(TinyGPTError, match="optim.lr"):
+        claim_run_dir(["hydra.run.dir=outputs/lr_${optim.lr}", "optim.lr=fast"], ["optim.lr=fast"])
+    assert not (tmp_path / "outputs" / "lr_fast").exists()
+    for text in ("/tmp/my runs/a,b=c", "it's", "back\\slash", "end\\", "q\\'x", "$HOME/x"):
+        assert OverridesParser.create().parse_override(f"hydra.run.dir={override_value(text)}").value() == text
+
+
+def test_a_dead_owners_lock_is_taken_over_by_one_of_many_starts(tmp_path):
+    """Six processes find the same dead owner's lock at once: exactly one takes the run. (Reading
+    the lock is slowed down so that all of them see it dead before any replaces it; without the
+    guard around the takeover each would remove another's new lock, and several would train.)"""
+    import multiprocessing as mp
+
+    _write_lock(tmp_path, pid=2**22 + 7, started="1")  # no such process
+    ctx = mp.get_context("fork")
+    start, results = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_race_for_lock, args=(tmp_path, start, results)) for _ in range(6)]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    assert sorted(outcomes) == ["refused"] * 5 + ["took it"], outcomes
+
+
+def _race_for_lock(run_dir, start, results) -> None:
+    real = runlock.owner_of
+
+    def slow_owner_of(folder):
+        owner = real(folder)
+        time.sleep(0.3)
+        return owner
+
+    runlock.owner_of = slow_owner_of
+    start.wait()
+    try:
+        RunLock(run_dir, log=lambda *_: None).acquire()
+        results.put("took it")
+        time.sleep(3)  # alive and holding while the others look
+    except TinyGPTError:
+        results.put("refused")
+
+
+@pytest.mark.slow
+def test_two_starts_at_once_into_one_directory(tmp_path, data_root):
+    """Two `train.py hydra.run.dir=R` started in the same instant: exactly one trains; the other
+    says which process holds R, exits 2, and nothing of the first's run is touched (its record,
+    its log, its metrics are its own)."""
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = ["debug=tiny", *data_overrides, f"hydra.run.dir={run_dir}", "train.max_iters=20", "train.log_interval=1", "threads=1"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *args, f"seed={seed}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    ended = [(proc, *proc.communicate(timeout=300)) for proc in procs]
+    codes = sorted(proc.returncode for proc, _, _ in ended)
+    assert codes == [0, 2], [(p.returncode, err[-1500:]) for p, _, err in ended]
+    (winner, _, _), (loser, _, loser_err) = sorted(ended, key=lambda e: e[0].returncode)
+    assert_one_line_error(subprocess.CompletedProcess([], 2, "", loser_err), f"is being trained by process {winner.pid}")
+    seed = 1 if winner is procs[0] else 2
+    assert f"seed={seed}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert not (run_dir / ".hydra-1").exists() and "error" not in (run_dir / "train.log").read_text()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if row["kind"] == "train"]
+    assert steps == list(range(1, 21)) and json.loads((run_dir / "summary.json").read_text())["pid"] == winner.pid
 
 
 def test_a_filesystem_without_hard_links_still_gets_a_lock(tmp_path, monkeypatch):

@@ -25,41 +25,103 @@ def main(argv: list[str] | None = None) -> None:
     own = [a for a in overrides if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
     if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         common.guard(lambda: common.refuse_bare_words(argv, _COMMAND))
+        common.guard(lambda: _refuse_files(overrides))
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
             common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
-            common.guard(lambda: preflight(common.compose("config", own, _COMMAND), _run_dir(overrides)))
-        common.guard(lambda: protect_earlier_run(overrides))
+            pinned = common.guard(lambda: claim_run_dir(overrides, own))
+            argv = [a for a in argv if not (pinned and a.startswith("hydra.run.dir="))] + pinned
     _hydra_main([*argv, *quiet_non_zero_ranks()])
 
 
-def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = True) -> None:
+def claim_run_dir(overrides: list[str], own: list[str]) -> list[str]:
+    """A single run, before Hydra writes anything: its directory resolved (a `${now:...}` or
+    `${optim.lr}` in hydra.run.dir too) and locked first, in one atomic step, so that of two starts
+    into one directory exactly one goes on and nothing of the other's run is read or moved
+    meanwhile; then every check (`preflight`), and the earlier run's record kept aside. Returns
+    the override that pins Hydra to the directory resolved (none when it was given as a path)."""
+    from gpt import runlock
+
+    if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks)
+        preflight(common.compose("config", own, _COMMAND))
+        return []
+    run_dir, pinned = _resolve_run_dir(overrides)
+    created = not run_dir.exists()
+    lock = runlock.RunLock(run_dir, log=lambda m: print(m, file=sys.stderr))
+    lock.acquire()
+    try:
+        point = preflight(common.compose("config", own, _COMMAND), run_dir)
+        _examined[run_dir.resolve()] = point
+        _keep_earlier_record(run_dir, point)
+    except BaseException:
+        lock.release()
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):  # a refused start leaves no empty run
+            run_dir.rmdir()
+        raise
+    atexit.register(lock.release)  # held until this process ends (the trainer finds it its own)
+    return pinned
+
+
+def _resolve_run_dir(overrides: list[str]) -> tuple[Path, list[str]]:
+    """The run directory Hydra would make, and the override that pins it: resolved once here, as a
+    `${now:...}` resolved twice would name two directories."""
+    from omegaconf import OmegaConf
+
+    given = dict(a.split("=", 1) for a in overrides).get("hydra.run.dir")
+    if given is not None and "${" not in given:
+        return Path(given).expanduser().absolute(), []
+    cfg = common.compose_raw("config", overrides, _COMMAND, hydra=True)
+    try:
+        resolved = str(OmegaConf.select(cfg, "hydra.run.dir"))
+    except Exception as e:  # an interpolation only Hydra's own run can resolve (${hydra:...})
+        raise TinyGPTError(
+            f"hydra.run.dir={given or cfg.hydra.run.dir!r} cannot be resolved before the run ({e}); name a folder"
+        ) from None
+    if "${" in resolved:
+        raise TinyGPTError(f"hydra.run.dir resolves to {resolved!r}, which names no folder; name one")
+    run_dir = Path(resolved).expanduser().absolute()
+    return run_dir, [f"hydra.run.dir={override_value(str(run_dir))}"]
+
+
+def override_value(text: str) -> str:
+    """`text` quoted as a Hydra override value (single quotes; a quote, and backslashes before a
+    quote or at the end, escaped), so any path reads back as itself."""
+    import re
+
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
+
+
+# Resume points the command line found, by run directory: the run's set-up takes them as found.
+_examined: dict[Path, object] = {}
+
+
+def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = True):
     """The checks that need no data (model shape, data source and root, what the run resumes
     from, runtime; the others ran when the settings were built). `run_dir`: the directory the
-    run trains into when the command names one (hydra.run.dir), which may hold a run to resume.
-    `here`: whether it runs on this machine (a SLURM job finds its node's devices itself)."""
-    from gpt import architectures, loading, runtime
+    run trains into, which may hold a run to resume; returns where it resumes from
+    (gpt.loading.ResumePoint), examined once. `here`: whether it runs on this machine (a SLURM job
+    finds its node's devices itself)."""
+    from gpt import architectures, loading, runtime, tasks
     from gpt.data import sources
 
     architectures.config_from_settings(settings.model, vocab_size=1)
+    tasks.check_names(settings.train.eval_tasks)
     sources.check(settings.data.source)
     _check_data_root(settings.paths.data_root())
-    resumed = _resume_point(settings, run_dir)
-    if resumed is not None:
-        _check_tokenizer_kind(resumed, settings)
+    point = _resume_point(settings, run_dir)
+    if point is not None and point.checkpoint is not None:
+        _check_tokenizer_kind(point.checkpoint, settings)
     if settings.init_from:
         loading.check(settings.init_from)
     if here:
         device, _ = runtime.pick_device(settings.device)
         runtime.pick_dtype(device, settings.dtype)
         runtime.pick_compile(device, settings.compile)
-
-
-def _run_dir(overrides: list[str]) -> Path | None:
-    values = dict(a.split("=", 1) for a in overrides)
-    return Path(values["hydra.run.dir"]).expanduser() if "hydra.run.dir" in values else None
+    return point
 
 
 def _check_data_root(root: Path) -> None:
@@ -72,28 +134,13 @@ def _check_data_root(root: Path) -> None:
 
 
 def _resume_point(settings: RunConfig, run_dir: Path | None):
-    """The checkpoint the run will continue from, checked as setup will use it (loads, holds the
-    training state, weights fit), or None for a new run."""
+    """Where the run continues from (checked as set-up will use it: loads, holds the training
+    state, weights fit). Without a run directory (a sweep's job, a rank other than 0), only a
+    resume= checkpoint given by path is checked."""
     from gpt import checkpoint, loading
 
-    resume = checkpoint.parse_resume(settings.resume)
-    if isinstance(resume, Path):
-        if not resume.exists():
-            raise TinyGPTError(f"resume={settings.resume!r} is neither auto, false, a checkpoint file nor a run directory")
-        source = checkpoint.latest(resume) if resume.is_dir() else resume
-        if source is None:
-            raise TinyGPTError(f"resume={settings.resume}: the directory holds no ckpt-*.pt checkpoint to resume from")
-        try:
-            ckpt = loading.resumable(source)
-        except TinyGPTError as e:
-            raise TinyGPTError(f"resume={settings.resume}: {e}") from None
-        if run_dir is not None:  # continuing elsewhere into a directory that holds a run of its own
-            newest = lambda d: loading.newest_resumable(d)[0]  # noqa: E731
-            source = checkpoint.resume_source(settings.resume, run_dir, newest)
-            return loading.resumable(source)
-        return ckpt
-    if resume == checkpoint.AUTO and run_dir is not None and checkpoint.step_checkpoints(run_dir):
-        return loading.resumable(loading.newest_resumable(run_dir)[0])
+    if run_dir is not None or isinstance(checkpoint.parse_resume(settings.resume), Path):
+        return loading.resume_point(settings.resume, run_dir)
     return None
 
 
@@ -116,35 +163,26 @@ def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
         )
 
 
-def protect_earlier_run(overrides: list[str]) -> None:
-    """Training into a directory that already holds a run resumes it (resume=auto) or is refused
-    (resume=false). Either way Hydra would overwrite that run's .hydra/ record before any of our
-    code runs: refuse first, or keep the earlier record as .hydra-<n>/."""
-    from gpt import checkpoint, runlock
-
+def _refuse_files(overrides: list[str]) -> None:
     values = dict(a.split("=", 1) for a in overrides)
     for key in ("hydra.run.dir", "hydra.sweep.dir"):
         if key in values and Path(values[key]).expanduser().exists() and not Path(values[key]).expanduser().is_dir():
             raise TinyGPTError(f"{key}={values[key]} is a file; name a directory (new, or a run's own to resume it)")
-    if "hydra.run.dir" not in values or common.rank() != 0:
-        return
-    if "${" in values["hydra.run.dir"]:  # resolved by Hydra (a time, a job id): the trainer locks what it becomes
-        return
-    run_dir = Path(values["hydra.run.dir"]).expanduser()
-    # Held from now until this process ends (the trainer finds it its own): between a check here
-    # and a lock taken in the trainer, a second start could still move the running run's record.
-    atexit.register(runlock.RunLock(run_dir, log=lambda m: print(m, file=sys.stderr)).acquire().release)
-    if not checkpoint.has_run(run_dir):
-        return
-    if checkpoint.parse_resume(values.get("resume", "auto")) == checkpoint.NEVER:
-        raise TinyGPTError(f"{run_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
+
+
+def _keep_earlier_record(run_dir: Path, point) -> None:
+    """Training into a directory that holds a run resumes it (or was refused by now): Hydra would
+    overwrite that run's .hydra/ record before any of our code runs, so it is kept as .hydra-<n>/."""
+    from gpt import checkpoint
+
     record = run_dir / ".hydra"
-    if record.is_dir():
-        n = 1
-        while (run_dir / f".hydra-{n}").exists():
-            n += 1
-        record.rename(run_dir / f".hydra-{n}")
-        _set_aside.append((run_dir / f".hydra-{n}", record))
+    if not checkpoint.has_run(run_dir) or not record.is_dir():
+        return
+    n = 1
+    while (run_dir / f".hydra-{n}").exists():
+        n += 1
+    record.rename(run_dir / f".hydra-{n}")
+    _set_aside.append((run_dir / f".hydra-{n}", record))
 
 
 _set_aside: list[tuple[Path, Path]] = []  # (where the earlier run's record went, where it was)
@@ -219,7 +257,8 @@ def _task(cfg) -> float:
         settings = common.settings_of(cfg)
         settings.paths.output_dir = settings.paths.output_dir or output_dir
         try:
-            summary = train(settings, overrides=overrides)
+            point = _examined.pop(Path(settings.paths.output_dir).resolve(), None)  # found by claim_run_dir
+            summary = train(settings, overrides=overrides, resume_point=point)
         except RunRefused:
             _put_back_earlier_record()
             raise

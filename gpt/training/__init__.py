@@ -23,11 +23,14 @@ from gpt.training.step import train_step
 __all__ = ["Run", "Trainer", "build_run", "train", "train_step"]
 
 
-def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | None = None, overrides=()) -> dict:
+def train(
+    cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | None = None, overrides=(), resume_point=None
+) -> dict:
     """Train per `cfg` (resuming if its run directory holds a checkpoint); returns the run's
     summary (status, best and final val loss, steps, speed: what summary.json holds). Raises
     `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. Always releases the
-    process group and, between the jobs of a multirun, the memory."""
+    process group and, between the jobs of a multirun, the memory. `resume_point`: where the run
+    continues from, when the caller found it already (gpt.loading.resume_point)."""
     started = time.time()
     lock, stop = None, None
     try:
@@ -40,7 +43,7 @@ def train(cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | N
         stop = StopRequest(log=logger.warning if distributed.from_env().is_main else (lambda *a: None))
         stop.__enter__()  # a signal during set-up ends as cleanly as one in the loop
         try:
-            run = build_run(cfg)
+            run = build_run(cfg, resume_point)
         except Exception as e:  # recorded, so that a sweep lists the run (never over a run's own record)
             refusal = e if isinstance(e, TinyGPTError) else out_of_memory(e)
             if refusal is None:

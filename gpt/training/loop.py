@@ -38,6 +38,7 @@ class Trainer:
         self.run, self.ts = run, run.cfg.train
         self.overrides = list(overrides)
         self.t_start = started or time.time()
+        self.elapsed_before = run.progress.elapsed_s  # a resumed run's time so far
         self.peak_flops = runtime.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
         self.lr, self.tokens_per_s = 0.0, 0.0
         self.last_eval: dict[str, float] = dict(run.progress.last_eval)  # a resumed run's, until its next eval
@@ -88,7 +89,13 @@ class Trainer:
 
     def save(self, best: bool = False) -> Path | None:
         """A full-state checkpoint of the current step, and best.pt if `best` (see saving.save)."""
+        self.run.progress.elapsed_s = self.elapsed()
         return saving.save(self.run, self.last_eval, best, self.ts.keep_last)
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds the run has taken so far, set-up included, over all its resumes (the
+        time between a stop and its resume is not the run's; the steps redone after a kill are)."""
+        return self.elapsed_before + time.time() - self.t_start
 
     def sample(self, n_tokens: int) -> str:
         """A sample from the model as it is now (what training shows at evals and at the end)."""
@@ -131,7 +138,9 @@ class Trainer:
                 except TinyGPTError as e:  # a diverged model has nothing to show; the run itself is done
                     r.log(f"notice: no final sample: {e}")
             status = "interrupted" if stopped else "finished"
-            self.records.summary.update(status=status, step=r.progress.step, wall_s=time.time() - self.t_start)
+            self.records.summary.update(
+                status=status, step=r.progress.step, wall_s=time.time() - self.t_start, elapsed_s=self.elapsed()
+            )
         except BaseException as e:
             stop.deferred = False
             failed = not isinstance(e, (KeyboardInterrupt, Preempted))
@@ -140,6 +149,7 @@ class Trainer:
                 status="failed" if failed else "interrupted",
                 error=one_line(oom or e) if failed else None,
                 wall_s=time.time() - self.t_start,
+                elapsed_s=self.elapsed(),
             )
             if oom is not None:
                 raise oom from None
@@ -168,7 +178,8 @@ class Trainer:
                 model=architectures.summary(r.model_config),
             )
             tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]
-            self.records = RunRecords(r.out_dir, asdict(r.cfg), r.progress.step, task_tags=tags, **summary)
+            summary.update(best_elapsed_s=r.progress.best_elapsed_s)
+            self.records = RunRecords(r.out_dir, asdict(r.cfg), r.progress.step, task_tags=tags, clock=self.elapsed, **summary)
         if r.progress.step >= self.ts.max_iters:
             r.log(
                 f"this run already reached step {r.progress.step} (train.max_iters={self.ts.max_iters}); "
@@ -222,9 +233,11 @@ class Trainer:
         # A state that will not be saved (a non-finite step just skipped, see save) is no best:
         # the run's best must be what best.pt holds. (Step 0 has no checkpoint either way.)
         improved = losses["val"] < p.best_val and (step == 0 or saving.healthy(r, self.last_eval))
-        p.best_val = min(p.best_val, losses["val"]) if improved else p.best_val
+        now = self.elapsed()
+        if improved:
+            p.best_val, p.best_elapsed_s = losses["val"], now
         self.evals_done += 1
-        self.records.eval(step, losses["train"], losses["val"], p.best_val)
+        self.records.eval(step, losses["train"], losses["val"], p.best_val, elapsed_s=now)
         r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))
         if r.dist.is_main and all(math.isfinite(v) for v in losses.values()):  # a diverged model has nothing to show
             if r.tasks:
@@ -244,6 +257,8 @@ class Trainer:
             tokens_seen=seen,
             tokens_per_s=self.tokens_per_s,
             wall_s=time.time() - self.t_start,
+            elapsed_s=self.elapsed(),
+            best_elapsed_s=p.best_elapsed_s,
         )
         if step > 0:
             self.save(best=improved)

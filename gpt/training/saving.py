@@ -21,7 +21,21 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
     given `rng` (every rank's random state), else the weights alone (adapters merged, for
     sampling and export)."""
     p, model, full = run.progress, checkpoint.unwrap(run.model), rng is not None
-    state = (run.optimizer.state_dict(), run.scaler.state_dict(), run.batches.state_dict(), rng, p.bad_total, p.bad_in_a_row)
+    state = (
+        TrainingState(
+            optimizer=run.optimizer.state_dict(),
+            scaler=run.scaler.state_dict(),
+            loader=run.batches.state_dict(),
+            rng=rng,
+            bad_steps=p.bad_total,
+            bad_in_a_row=p.bad_in_a_row,
+            threads=run.rt.threads.count if run.rt.threads is not None else None,
+            elapsed_s=p.elapsed_s,
+            best_elapsed_s=p.best_elapsed_s,
+        )
+        if full
+        else None
+    )
     return Checkpoint(
         model=model.state_dict() if (full or not run.lora) else merged_state_dict(model),
         model_config=architectures.config_to_dict(run.model_config),
@@ -31,7 +45,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
         last_eval=dict(last_eval),
         config=asdict(run.cfg),
         lora=run.lora if full else None,
-        training=TrainingState(*state) if full else None,
+        training=state if full else None,
     )
 
 

@@ -26,6 +26,7 @@ from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError
 from gpt.finetune import initial_model, prepare_finetune
 from gpt.optim import CosineSchedule, Optimizer, build_optimizer
+from gpt.tasks import check_names as check_task_names
 from gpt.tokenizer import require_same
 from gpt.tracking import ensure_console_logging, logger
 
@@ -39,6 +40,8 @@ class Progress:
     bad_total: int = 0  # non-finite steps skipped so far
     bad_in_a_row: int = 0
     last_eval: dict[str, float] = field(default_factory=dict)  # {"train", "val"} of the newest eval
+    elapsed_s: float = 0.0  # wall-clock seconds the run took to reach the state saved or restored last
+    best_elapsed_s: float | None = None  # elapsed seconds when best_val was reached
 
 
 @dataclass
@@ -84,13 +87,16 @@ class Run:
         return ts.batch_size * self.model_config.block_size * ts.grad_accum_steps * self.dist.world_size
 
 
-def build_run(cfg: RunConfig) -> Run:
+def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -> Run:
+    """`resume_point`: where the run continues from, when the caller has found it already (the
+    command line, before Hydra writes anything); found here otherwise."""
     ensure_console_logging()
     dist = distributed.from_env()
     log = logger.info if dist.is_main else quiet
     # The model shape now (the vocabulary comes from the data later), so a typo fails before the
     # data is downloaded and prepared.
     architectures.config_from_settings(cfg.model, vocab_size=1)
+    check_task_names(cfg.train.eval_tasks)
     if cfg.train.eval_iters > cfg.train.max_iters:
         # A smoke run of a big recipe (max_iters=20, eval_iters=200) would spend far longer
         # evaluating than training: never evaluate on more batches than it trains on.
@@ -104,7 +110,7 @@ def build_run(cfg: RunConfig) -> Run:
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(checkpoint.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg.paths.output_dir = str(out_dir)
     cfg.paths.data_dir = str(cfg.paths.data_root())  # recorded as used
-    source = _resume_source(cfg, out_dir, dist, log)
+    source = _resume_source(cfg, out_dir, dist, log, resume_point)
     log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
     # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
     # generator, seeded alike on every rank; see RandomWindows.)
@@ -113,6 +119,10 @@ def build_run(cfg: RunConfig) -> Run:
     data = _load_data(cfg, dist, log)
     tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     resumed = checkpoint.load(source) if source else None
+    if resumed is not None and resumed.training is not None:  # its steps bitwise as if never stopped
+        notice = rt.threads.adopt(resumed.training.threads)
+        if notice:
+            log(notice)
     _resolve_schedule(cfg, resumed, log)
     model, model_config = _model(cfg, data, resumed, log)
     lora = _finetune(model, cfg, resumed, log)
@@ -131,6 +141,9 @@ def build_run(cfg: RunConfig) -> Run:
         f"accum {cfg.train.grad_accum_steps} x {dist.world_size} process(es) = global batch of {run.tokens_per_step:,} tokens/step"
     )
     log(f"optimizer {optimizer.describe()}")
+    notice = rt.threads.load_notice()  # other work on our cores: said once, the count kept
+    if notice:
+        log(notice)
     return run
 
 
@@ -138,27 +151,21 @@ def quiet(*args, **kwargs) -> None:
     """A log for ranks other than 0."""
 
 
-def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log) -> Path | None:
-    # Rank 0 decides (other nodes may not share its view of the filesystem).
-    newest = lambda run_dir: _newest_resumable(run_dir, log)  # noqa: E731
-    source = distributed.broadcast(checkpoint.resume_source(cfg.resume, out_dir, newest) if dist.is_main else None, dist)
+def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log, point: loading.ResumePoint | None) -> Path | None:
+    """The checkpoint this run continues from: as the command line found it (`point`, examined
+    once), else found now. Rank 0 decides (other nodes may not share its view of the filesystem)."""
     if dist.is_main:
+        if point is None or Path(point.run_dir).resolve() != out_dir.resolve():
+            point = loading.resume_point(cfg.resume, out_dir)
+        for path, reason in point.refused:  # newer checkpoints that cannot be resumed from
+            aside = checkpoint.set_aside(path)
+            log(f"notice: {reason}; set aside as {aside.name}, resuming from {point.source.name}")
         checkpoint.remove_leftovers(out_dir)
+    source = distributed.broadcast(point.source if dist.is_main else None, dist)
     if cfg.finetune.require_init and not cfg.init_from and source is None:
         raise TinyGPTError(
             "this experiment needs a model to start from: pass init_from=<run dir | checkpoint | gpt2 | HF folder>"
         )
-    return source
-
-
-def _newest_resumable(run_dir: Path, log) -> Path | None:
-    """The run's newest checkpoint that can be resumed from; newer ones that cannot (cut short by
-    a full disk, damaged on the way) are set aside as <name>.damaged, saying so. None when the
-    run has no checkpoint; refused when it has some and none of them loads."""
-    source, refused = loading.newest_resumable(run_dir)
-    for path, reason in refused:
-        aside = checkpoint.set_aside(path)
-        log(f"notice: {reason}; set aside as {aside.name}, resuming from {source.name}")
     return source
 
 
@@ -291,7 +298,15 @@ def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
         f"resuming from {path} at step {ckpt.step} (best val loss {ckpt.best_val_loss:.4f})"
         + (f"; changed: {changed}" if changed else "")
     )
-    return Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, state.bad_in_a_row, dict(ckpt.last_eval))
+    return Progress(
+        ckpt.step,
+        ckpt.best_val_loss,
+        state.bad_steps,
+        state.bad_in_a_row,
+        dict(ckpt.last_eval),
+        state.elapsed_s,
+        state.best_elapsed_s,
+    )
 
 
 def _wrap(model: nn.Module, rt: runtime.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:

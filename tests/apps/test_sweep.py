@@ -361,10 +361,10 @@ def _crash_when_seed_is_2(tmp_path) -> str:
         tmp_path / "hook",
         "import gpt.training as t\n"
         "real = t.build_run\n"
-        "def build_run(cfg):\n"
+        "def build_run(cfg, *args):\n"
         "    if cfg.seed == 2:\n"
         "        1 / 0\n"
-        "    return real(cfg)\n"
+        "    return real(cfg, *args)\n"
         "t.build_run = build_run\n",
     )
 
@@ -455,10 +455,10 @@ def test_a_failed_trial_frees_its_model_before_the_next_trial(tmp_path, data_roo
         "def init(self, *a, **k):\n"
         "    real_init(self, *a, **k)\n"
         "    made.append(weakref.ref(self))\n"
-        "def build_run(cfg):\n"
+        "def build_run(cfg, *args):\n"
         "    gc.collect()\n"
         "    print(f'models alive before set-up: {sum(r() is not None for r in made)}', flush=True)\n"
-        "    return real_build(cfg)\n"
+        "    return real_build(cfg, *args)\n"
         "def train_step(*a, **k):\n"
         "    if not failed:\n"
         "        failed.append(1)\n"

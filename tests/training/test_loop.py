@@ -219,9 +219,9 @@ def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_p
     before = {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *checkpoint.step_checkpoints(tmp_path)]}
     real = training.build_run
 
-    def build_run_then_sigterm(cfg):
+    def build_run_then_sigterm(cfg, *args):
         os.kill(os.getpid(), signal.SIGTERM)
-        return real(cfg)
+        return real(cfg, *args)
 
     monkeypatch.setattr(training, "build_run", build_run_then_sigterm)
     with pytest.raises(Preempted, match="SIGTERM received outside the training loop"):
@@ -276,8 +276,10 @@ def test_eval_tasks_are_scored_at_every_eval_and_recorded(tmp_path, data_root, m
 
 def test_eval_tasks_that_cannot_be_had_fail_before_training(tmp_path, data_root, monkeypatch):
     root, data_overrides = data_root
-    with pytest.raises(TinyGPTError, match="task='hellaswa' is unknown"):
-        compose([*QUICK, *data_overrides, "train.eval_tasks=[hellaswa]"], tmp_path / "a")
+    with pytest.raises(TinyGPTError, match="task='hellaswa' is unknown"):  # checked by build_run, before the data
+        build_run(
+            compose([*QUICK, *data_overrides, "paths.data_dir=/nonexistent", "train.eval_tasks=[hellaswa]"], tmp_path / "a")
+        )
     with pytest.raises(TinyGPTError, match="train.eval_tasks must be a list of strings, e.g. \\[a, b\\]"):
         compose([*QUICK, *data_overrides, "train.eval_tasks=hellaswag"], tmp_path / "a")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
