@@ -4,6 +4,12 @@ Inside the training loop the first signal only raises a flag: the loop finishes 
 step, saves a checkpoint, says how to resume, and exits with status 0. A second Ctrl-C stops at
 once. Outside the loop (set-up, data preparation, the final sample) there is no step to finish
 and nothing unsaved: the signal stops at once, as `Preempted`, which ends the same clean way.
+
+Under torchrun a signal may reach one rank only (some schedulers preempt that way). A rank that
+left alone would leave the others waiting in their next collective (they crashed with gloo's
+"Connection closed by peer"), so there the flag is all a signal raises, from the moment the
+command starts (`defer_until_the_run_listens`) through set-up: the loop's first check, where
+every rank learns whether any was asked to stop, stops them all at the same step, with one save.
 """
 
 from __future__ import annotations
@@ -18,11 +24,28 @@ class Preempted(Exception):
     entry point exits with status 0 and a sweep does not go on to its next job."""
 
 
+_early: list[str] = []  # signals that came before a StopRequest listened (defer_until_the_run_listens)
+
+
+def _keep(signum, frame) -> None:
+    _early.append(signal.Signals(signum).name)
+
+
+def defer_until_the_run_listens() -> None:
+    """Keep SIGTERM / SIGINT for the run's StopRequest instead of ending the process: for a rank
+    of a distributed run, from the moment its command starts (imports, composing the config)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _keep)
+
+
 class StopRequest:
-    def __init__(self, log=print):
+    def __init__(self, log=print, deferred: bool = False):
+        """`deferred`: answer a signal with the flag alone from the start (a distributed run's
+        set-up, see the module's docstring); else only while a loop polls it."""
         self.requested = False
         self.reason = ""
-        self.deferred = False  # True while a loop polls `requested` between its steps
+        self.deferred = deferred  # True while a loop polls `requested` between its steps
         self._log = log
         self._previous: dict[int, object] = {}
         self._pid = os.getpid()
@@ -49,9 +72,15 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread() and not self._previous:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if _early:  # it came while the command started up: answered now, as any other
+                self.request(_early.pop())
+                _early.clear()
+                if not self.deferred:
+                    raise Preempted(f"{self.reason} received outside the training loop")
+                self._log(f"{self.reason} received: stopping at the first step, with a checkpoint")
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is _keep else handler)
         self._previous.clear()

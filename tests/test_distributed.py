@@ -79,6 +79,92 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     assert checkpoint.load(checkpoint.latest(run_dir)).step == stopped_at + 3
 
 
+def _worker_pids(launcher: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the workers torchrun started (its children, by their RANK)."""
+    from pathlib import Path
+
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] != str(launcher.pid):
+                continue
+            env = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+        except OSError:
+            continue
+        if "RANK" in env:
+            found[int(env["RANK"])] = int(proc.name)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers through /proc")
+@pytest.mark.parametrize("when", ["in the loop", "during set-up"])
+def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise(tmp_path, data_root, when):
+    """A scheduler signals rank 1 alone: in the loop (after step 5), or while it sets up (its data
+    loading signals itself, through a sitecustomize hook). Every rank stops at the same step, one
+    checkpoint is saved, torchrun exits 0; the same command again resumes and ends with the
+    losses and weights of an uninterrupted run. (During set-up, rank 1 used to leave alone, and
+    rank 0 crashed in its next collective: 'Connection closed by peer'.)"""
+    import signal
+
+    import torch
+
+    root, data_overrides = data_root
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    args = ["debug=tiny", *data_overrides, "device=cpu", "train.log_interval=1", "train.max_iters=24"]
+    args += ["train.eval_interval=8", "train.sample_tokens=0"]
+    reference = subprocess.run(
+        [*TORCHRUN, *args, f"hydra.run.dir={tmp_path / 'reference'}"], cwd=tmp_path, env=env, capture_output=True, timeout=300
+    )
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    run_dir = tmp_path / "run"
+    hooked = dict(env)
+    if when == "during set-up":
+        hooked["PYTHONPATH"] = hooked_pythonpath(
+            tmp_path / "hook",
+            "import os, signal\n"
+            "if os.environ.get('RANK') == '1':\n"
+            "    import gpt.training.setup as s\n"
+            "    real = s.load_data\n"
+            "    def load_data(*a, **k):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        return real(*a, **k)\n"
+            "    s.load_data = load_data\n",
+        )
+    launcher = subprocess.Popen(
+        [*TORCHRUN, *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=hooked,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if when == "in the loop":
+        for line in launcher.stdout:
+            if line.startswith("step 5/"):
+                break
+        workers = _worker_pids(launcher)
+        os.kill(workers[1], signal.SIGTERM)
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err[-3000:]
+    assert "(signal on another rank)" in out and "Traceback" not in err, (out[-2000:], err[-2000:])
+    (saved,) = checkpoint.step_checkpoints(run_dir)  # one save
+    stopped_at = checkpoint.load(saved).step
+    assert (stopped_at >= 5) if when == "in the loop" else (stopped_at == 0)
+    resumed = subprocess.run(
+        [*TORCHRUN, *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0 and f"at step {stopped_at}" in resumed.stdout, resumed.stderr[-2000:]
+    ours = {r["step"]: r["loss"] for r in _metrics(run_dir, "train")}
+    theirs = {r["step"]: r["loss"] for r in _metrics(tmp_path / "reference", "train")}
+    assert ours == theirs  # every step, before the stop and after the resume: bitwise
+    assert [r["val"] for r in _metrics(run_dir, "eval") if r["step"] > stopped_at] == [
+        r["val"] for r in _metrics(tmp_path / "reference", "eval") if r["step"] > stopped_at
+    ]
+    a, b = (checkpoint.load(checkpoint.latest(d)).model for d in (run_dir, tmp_path / "reference"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_process_placement_from_torchrun_or_slurm(monkeypatch):
     from gpt import distributed
 

@@ -25,3 +25,33 @@ def test_a_forked_child_ends_on_sigterm_instead_of_stopping_cleanly():
         os.kill(pid, signal.SIGTERM)
         _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+
+
+def test_a_signal_while_a_distributed_command_starts_is_kept_for_the_run():
+    """Under torchrun a SIGTERM may reach one rank while its command is still importing and
+    composing: it must not end that rank alone. It is kept, and the run's StopRequest answers it:
+    with the flag under torchrun (every rank stops at the loop's first check), with Preempted
+    alone; a deferred request only flags signals that come during set-up too."""
+    import os
+    import signal
+
+    import pytest
+
+    from gpt import preemption
+    from gpt.preemption import Preempted, StopRequest
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        preemption.defer_until_the_run_listens()
+        os.kill(os.getpid(), signal.SIGTERM)  # would end this process without the deferral
+        with StopRequest(log=lambda *a: None, deferred=True) as stop:
+            assert stop.requested and stop.reason == "SIGTERM"
+            os.kill(os.getpid(), signal.SIGTERM)  # during set-up: still only the flag
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the early keeper is not put back
+        preemption.defer_until_the_run_listens()
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(Preempted, match="SIGTERM received outside the training loop"):
+            StopRequest(log=lambda *a: None).__enter__()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -19,6 +19,10 @@ _COMMAND = "tinygpt train"
 
 
 def main(argv: list[str] | None = None) -> None:
+    from gpt import preemption
+
+    if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
+        preemption.defer_until_the_run_listens()
     argv = sys.argv[1:] if argv is None else list(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]

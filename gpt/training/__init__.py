@@ -40,8 +40,12 @@ def train(
                 lock.acquire()
             except TinyGPTError as e:
                 raise RunRefused(str(e)) from None
-        stop = StopRequest(log=logger.warning if distributed.from_env().is_main else (lambda *a: None))
-        stop.__enter__()  # a signal during set-up ends as cleanly as one in the loop
+        # A signal during set-up ends as cleanly as one in the loop; under torchrun it is only
+        # flagged (a rank that left alone would strand the others), and every rank stops at the
+        # loop's first check (gpt.preemption).
+        dist = distributed.from_env()
+        stop = StopRequest(log=logger.warning if dist.is_main else (lambda *a: None), deferred=dist.enabled)
+        stop.__enter__()
         try:
             run = build_run(cfg, resume_point)
         except Exception as e:  # recorded, so that a sweep lists the run (never over a run's own record)
