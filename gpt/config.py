@@ -179,6 +179,8 @@ class DataSettings:
     max_docs: int | None = None  # caps, for quick experiments
     max_tokens: int | None = None
     shard_tokens: int = 100_000_000  # tokens per .bin shard
+    # check every shard's CRC-32 at start; false: only shards whose size or mtime changed since checked
+    verify: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "data")

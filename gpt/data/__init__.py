@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt.config import DataSettings
-from gpt.data.prepare import open_split, tokenizer_of
+from gpt.data.prepare import FULL, STAMP, open_split, tokenizer_of
 from gpt.data.prepare import prepare as prepare_documents
 from gpt.data.sources import open_source
 from gpt.tokenizer import Tokenizer, normalize_spec
@@ -38,9 +38,11 @@ def preparation_settings(data: DataSettings, identity: str) -> dict:
     return {"identity": identity, **{k: getattr(data, k) for k in keys}}
 
 
-def load_data(data: DataSettings, data_root: str | Path, log=print, verify: bool = True) -> Dataset:
+def load_data(data: DataSettings, data_root: str | Path, log=print, verify: str | None = None) -> Dataset:
     """Prepared data for `data` under `data_root`, preparing it first if need be (or again, if a
-    shard was damaged since: `verify` checks their checksums)."""
+    shard was damaged since). `verify`: how the shards' checksums are checked (gpt.data.prepare's
+    FULL, STAMP or SIZES); None: FULL if data.verify, else STAMP."""
+    verify = verify or (FULL if data.verify else STAMP)
     root = Path(data_root).expanduser()
     out_dir = root / data.name
     source = open_source(data.source, root, log=log)

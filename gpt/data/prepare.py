@@ -9,9 +9,15 @@
 
 `meta.json` is the commit marker: it is written last, atomically, and only a meta whose
 fingerprint matches the requested settings *and* whose shards have the recorded sizes and CRC-32
-checksums counts as prepared data (a shard damaged since, same size or not, is prepared again:
-checking reads every shard once, ~6 GB/s). A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next
-run prepares again from scratch, deterministically, to the same token stream.
+checksums counts as prepared data (a shard damaged since, same size or not, is prepared again).
+A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next run prepares again
+from scratch, deterministically, to the same token stream.
+
+Reading every shard for its checksum at every start would cost minutes on a large corpus, so a
+shard checked once is stamped (`verified.json`: its size and mtime, with the hash of the meta it
+was checked against), and later starts check the CRC of a shard only when its stamp changed: any
+write to a shard changes its mtime. `verify=FULL` (data.verify=true) checks every shard anyway,
+for damage that kept size and mtime (bit rot, a copy that restored the mtime).
 """
 
 from __future__ import annotations
@@ -53,27 +59,71 @@ def shard_name(split: str, i: int) -> str:
     return f"{split}-{i:04d}.bin"
 
 
-def read_meta(out_dir: Path, expected_fingerprint: str, verify: bool = True, log=print) -> dict | None:
-    """The meta of complete, matching, intact prepared data in out_dir, or None. `verify` checks
-    every shard against its CRC-32 (when the meta has them: data prepared before they were
-    recorded is taken on its sizes) and says which one failed."""
+FULL, STAMP, SIZES = "full", "stamp", "sizes"  # how read_meta checks the shards
+STAMPS = "verified.json"
+
+
+def read_meta(out_dir: Path, expected_fingerprint: str, verify: str = STAMP, log=print) -> dict | None:
+    """The meta of complete, matching, intact prepared data in out_dir, or None. Every shard must
+    have its recorded size; `verify` says how its bytes are checked against its CRC-32: FULL every
+    shard, STAMP those whose size or mtime changed since they were last checked (see the
+    module's docstring), SIZES none (another process of this node just checked them). Data
+    prepared before CRCs were recorded is taken on its sizes. Says which shard failed."""
     try:
-        meta = json.loads((out_dir / "meta.json").read_text())
+        raw = (out_dir / "meta.json").read_bytes()
+        meta = json.loads(raw)
         if not isinstance(meta, dict) or meta.get("fingerprint") != expected_fingerprint:
             return None
         itemsize = np.dtype(meta["dtype"]).itemsize
+        stamps = _read_stamps(out_dir, raw) if verify == STAMP else {}
+        checked = {}
         for split in SPLITS:
-            sums = meta.get("crc32", {}).get(split) if verify else None
+            sums = meta.get("crc32", {}).get(split) if verify != SIZES else None
             for i, n in enumerate(meta["shards"][split]):
                 path = out_dir / shard_name(split, i)
                 if not path.exists() or path.stat().st_size != n * itemsize:
                     return None
-                if sums is not None and _crc32(path) != sums[i]:
+                if sums is None:
+                    continue
+                stamp = _stamp(path)
+                if stamps.get(path.name) != stamp and _crc32(path) != sums[i]:
                     log(f"notice: {path} no longer matches its checksum (damaged since it was prepared); preparing again")
                     return None
+                checked[path.name] = stamp
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
+    if checked and checked != stamps:
+        write_stamps(out_dir, raw, checked)
     return meta
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _read_stamps(out_dir: Path, meta_bytes: bytes) -> dict:
+    """The stamps of the shards last checked against this very meta ({} if none, or another's)."""
+    try:
+        record = json.loads((out_dir / STAMPS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict) or record.get("meta") != _digest(meta_bytes) or not isinstance(record.get("shards"), dict):
+        return {}
+    return record["shards"]
+
+
+def write_stamps(out_dir: Path, meta_bytes: bytes, stamps: dict) -> None:
+    """Record the shards just checked (or written). A data root that cannot be written (shared,
+    read-only) just gets no stamps: every start then checks every shard, as before."""
+    try:
+        io.write_json(out_dir / STAMPS, {"meta": _digest(meta_bytes), "shards": stamps})
+    except OSError:
+        pass
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def _crc32(path: Path, chunk: int = 16 << 20) -> int:
@@ -160,10 +210,10 @@ def prepare(
     settings: dict,
     log=print,
     progress: bool | None = None,
-    verify: bool = True,
+    verify: str = STAMP,
 ) -> dict:
     """Prepare `documents` into out_dir unless prepared data with the same fingerprint is there
-    (intact: `verify` checks its shards' checksums).
+    (intact: `verify` says how its shards' checksums are checked, see read_meta).
 
     settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
     num_proc, max_docs, max_tokens, shard_tokens."""
@@ -212,6 +262,9 @@ def prepare(
         "num_proc": num_proc,
     }
     io.write_json(out_dir / "meta.json", meta)
+    # The shards were checksummed as they were written: the next start needs not read them again.
+    stamps = {shard_name(split, i): _stamp(out_dir / shard_name(split, i)) for split in SPLITS for i in range(len(shards[split]))}
+    write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), stamps)
     log(
         f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
         f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))"
@@ -247,6 +300,7 @@ def _train_bpe(documents: Iterable[str], spec: dict, log) -> tuple[Tokenizer, It
 
 def _invalidate(out_dir: Path) -> None:
     (out_dir / "meta.json").unlink(missing_ok=True)
+    (out_dir / STAMPS).unlink(missing_ok=True)
     for old in out_dir.glob("*.bin"):
         old.unlink()
     _remove_dead_temporaries(out_dir)

@@ -242,9 +242,59 @@ def test_a_shard_damaged_since_preparation_is_prepared_again_not_trained_on(tmp_
     notices = []
     assert prepare.read_meta(out, meta["fingerprint"], log=notices.append) is None
     assert "train-0000.bin no longer matches its checksum" in notices[0]
-    assert prepare.read_meta(out, meta["fingerprint"], verify=False) is not None  # the cheap path other ranks take
+    assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.SIZES) is not None  # the cheap path other ranks take
     prep_char(src, out)
     assert shard.read_bytes() == full
+
+
+def test_a_start_reads_only_the_shards_whose_stamp_changed(tmp_path, monkeypatch):
+    """Shards checked once (or just written) are not read again while their size and mtime stay:
+    a start on a large corpus costs no CRC pass. A shard written since is checked (and stamped
+    anew); data.verify=true (FULL) checks every shard, also damage that kept the mtime."""
+    import os
+
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    meta = prep_char(src, out)
+    read = []
+    real = prepare._crc32
+    monkeypatch.setattr(prepare, "_crc32", lambda path, *a: (read.append(path.name), real(path, *a))[1])
+    assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == []  # stamped when written
+    shard = out / "train-0000.bin"
+    shard.write_bytes(shard.read_bytes())  # same bytes, written again: its mtime moves
+    assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]
+    assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]  # stamped anew
+    assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.FULL) == meta
+    assert read == ["train-0000.bin", "train-0000.bin", "val-0000.bin"]
+    # Damage that keeps size and mtime (bit rot, a copy that restored the mtime): only FULL sees it.
+    before = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert prepare.read_meta(out, meta["fingerprint"]) == meta
+    notices = []
+    assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.FULL, log=notices.append) is None
+    assert "train-0000.bin no longer matches its checksum" in notices[0]
+
+
+def test_stamps_of_another_preparation_or_an_unwritable_folder_mean_a_full_check(tmp_path, monkeypatch):
+    src = _write_text(tmp_path)
+    out = tmp_path / "prep"
+    prep_char(src, out)
+    old_stamps = (out / prepare.STAMPS).read_text()
+    meta = prep_char(src, out, 0.2)  # prepared again: other shards, another meta
+    (out / prepare.STAMPS).write_text(old_stamps)  # a stale record must not vouch for the new shards
+    read = []
+    real = prepare._crc32
+    monkeypatch.setattr(prepare, "_crc32", lambda path, *a: (read.append(path.name), real(path, *a))[1])
+    assert prepare.read_meta(out, meta["fingerprint"]) == meta and sorted(read) == ["train-0000.bin", "val-0000.bin"]
+    (out / prepare.STAMPS).unlink()
+    monkeypatch.setattr(prepare.io, "write_json", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "read-only")))
+    read.clear()
+    for _ in range(2):  # a read-only data root: no stamps, every start checks, nothing fails
+        assert prepare.read_meta(out, meta["fingerprint"]) == meta
+    assert len(read) == 4
 
 
 def test_a_meta_that_is_not_an_object_reads_as_unprepared(tmp_path):
