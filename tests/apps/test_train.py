@@ -148,3 +148,43 @@ def test_after_a_stop_the_hint_resumes_only_what_was_saved(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / checkpoint.step_file(5)).write_bytes(b"x")
     assert after_stop(tmp_path, "tinygpt train") == f"resume with: tinygpt train <the same overrides> hydra.run.dir={tmp_path}"
+
+
+def test_a_resume_examines_its_checkpoint_once(tmp_path, data_root):
+    """`train.py hydra.run.dir=R` into a run: the command line finds where it resumes from before
+    Hydra writes anything and the run's set-up takes that as found. Counted through a
+    sitecustomize hook: each checkpoint is examined (gpt.loading.resumable) once, and read twice
+    (mapped to be examined, then loaded to resume); it was examined twice and read three times."""
+    from helpers import hooked_pythonpath
+
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    args = ["debug=tiny", *data_overrides, f"hydra.run.dir={run_dir}", "train.sample_tokens=0", "threads=1"]
+    assert run_script("train.py", [*args, "train.max_iters=10"], tmp_path, root).returncode == 0
+    hook = (
+        "import atexit, collections\n"
+        "from pathlib import Path\n"
+        "from gpt import checkpoint, loading\n"
+        "seen = collections.Counter()\n"
+        "real_examine, real_read = loading.resumable, checkpoint.load\n"
+        "def resumable(path):\n"
+        "    seen['examined ' + Path(path).name] += 1\n"
+        "    return real_examine(path)\n"
+        "def load(path, *a, **k):\n"
+        "    seen['read ' + Path(path).name] += 1\n"
+        "    return real_read(path, *a, **k)\n"
+        "loading.resumable, checkpoint.load = resumable, load\n"
+        "atexit.register(lambda: print('counted', dict(sorted(seen.items()))))\n"
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONPATH": hooked_pythonpath(tmp_path / "hook", hook)}
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, "train.max_iters=20"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0 and "resuming from" in proc.stdout, proc.stderr[-2000:]
+    assert "counted {'examined ckpt-0000010.pt': 1, 'read ckpt-0000010.pt': 2}" in proc.stdout, proc.stdout[-500:]
