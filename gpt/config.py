@@ -48,7 +48,12 @@ def check_types(obj, section: str) -> None:
         if value is None and type(None) in allowed:
             continue
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
-            setattr(obj, f.name, float(value))
+            try:
+                setattr(obj, f.name, float(value))
+            except OverflowError:  # an integer of 400 digits is no float
+                raise TinyGPTError(
+                    f"{_key(section, f.name)} is too large for a number (an integer of {len(str(value))} digits)"
+                ) from None
             continue
         # bool is a subclass of int; `n_layer=true` is a mistake, not 1.
         if not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in allowed if t is not type(None)):

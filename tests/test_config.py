@@ -199,3 +199,12 @@ def test_settings_built_in_python_are_checked_too():
     with pytest.raises(TinyGPTError, match="unknown setting.*data.source.pth"):
         from_dict(DataSettings, {"name": "x", "source": {"kind": "local", "pth": "p"}}, "data")
     assert AdamWSettings(lr=1).lr == 1.0 and isinstance(AdamWSettings(lr=1).lr, float)
+
+
+def test_an_integer_too_large_for_a_number_is_one_line():
+    """min_p=10**400 (from a JSON body or Python): float() overflows; a TinyGPTError, not an
+    OverflowError traceback."""
+    from gpt.config import SamplingSettings
+
+    with pytest.raises(TinyGPTError, match="min_p is too large for a number \\(an integer of 401 digits\\)"):
+        SamplingSettings(min_p=10**400)

@@ -209,8 +209,16 @@ def settings_of(cfg):
 
 def explain(error: Exception, command: str = "tinygpt train") -> str:
     """One line for a Hydra / OmegaConf error: which key, what is wrong, how to fix it."""
+    from hydra.errors import OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
 
+    parse = next((e for e in _chain(error) if isinstance(e, OverrideParseException)), None)
+    if parse is not None:  # Hydra's grammar, e.g. a ~ or a space in an unquoted value
+        key, _, value = str(parse.override).partition("=")
+        return (
+            f"cannot read {parse.override!r}: Hydra's override grammar does not take that value unquoted; quote it "
+            f"inside the shell's quotes, e.g. \"{key}='{value}'\""
+        )
     cause = error
     while not getattr(cause, "full_key", None) and (cause.__cause__ or cause.__context__) is not None:
         cause = cause.__cause__ or cause.__context__  # Hydra chains the real error either way
@@ -228,6 +236,14 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
         want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or first
         return f"{key} must be {want}, got {getattr(cause, 'value', None)!r}"
     return first
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def refuse_bare_words(argv: list[str], command: str) -> None:

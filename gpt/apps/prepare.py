@@ -1,7 +1,7 @@
 """Prepare a dataset ahead of training (e.g. on a CPU machine before a GPU run):
 
     tinygpt prepare data=tinystories
-    tinygpt prepare data=local data.source.path=~/corpus data.name=my_corpus data.num_proc=8
+    tinygpt prepare data=local "data.source.path='~/corpus'" data.name=my_corpus data.num_proc=8
 
 Takes the same overrides as `tinygpt train` (data.*, paths.data_dir) and composes the same configs.
 """
