@@ -12,8 +12,10 @@ prepared data like any other). Then times `python train.py` from launch to its `
   1 GB, first start           no stamps yet: every shard's CRC-32 is read once (then stamped)
   1 GB                        a later start: the stamps vouch for the shards, nothing is read
   1 GB, data.verify=true      every shard's CRC-32 at every start (what every start did before)
-  1 GB, cold, data.verify=..  the same with the shards evicted from the page cache first
-                              (posix_fadvise DONTNEED), i.e. read from the disk
+  ..., not in the page cache  the same two with the shards evicted from the page cache first
+                              (posix_fadvise DONTNEED), so that what is read comes from the disk
+
+The 1 MB, 1 GB and data.verify=true starts are alternated, `--repeats` rounds.
 
 Run it with nothing else running (two torch processes on 2 cores distort every figure).
 """
@@ -137,20 +139,29 @@ def main() -> None:
     start("small")  # prepares both copies (and warms the interpreter's file cache)
     start("big")
     written = inflate(root / "big", args.gigabytes)
+    os.sync()  # the shards on disk: no write-back competes with the timed starts
     small_bytes = sum(p.stat().st_size for p in (root / "small").glob("*.bin"))
-    rows = [
-        (f"{small_bytes / 1e6:.1f} MB", [start("small") for _ in range(args.repeats)]),
-        (f"{written / 1e9:.1f} GB, first start (no stamps yet)", [start("big")]),
-        (f"{written / 1e9:.1f} GB", [start("big") for _ in range(args.repeats)]),
-        (f"{written / 1e9:.1f} GB, data.verify=true", [start("big", "data.verify=true") for _ in range(args.repeats)]),
-    ]
-    cold = []
+    size = f"{written / 1e9:.1f} GB"
+    first = [start("big")]
+    small, big, verify = [], [], []
+    for _ in range(args.repeats):  # alternated, so that a drift of the machine hits each alike
+        small.append(start("small"))
+        big.append(start("big"))
+        verify.append(start("big", "data.verify=true"))
+    cold, cold_verify = [], []
     for _ in range(args.repeats):
         evict(root / "big")
-        cold.append(start("big", "data.verify=true"))
-    rows.append((f"{written / 1e9:.1f} GB, data.verify=true, shards not in the page cache", cold))
-    evict(root / "big")
-    rows.append((f"{written / 1e9:.1f} GB, shards not in the page cache", [start("big")]))
+        cold.append(start("big"))
+        evict(root / "big")
+        cold_verify.append(start("big", "data.verify=true"))
+    rows = [
+        (f"{small_bytes / 1e6:.1f} MB", small),
+        (f"{size}, first start (no stamps yet)", first),
+        (size, big),
+        (f"{size}, data.verify=true", verify),
+        (f"{size}, shards not in the page cache", cold),
+        (f"{size}, data.verify=true, shards not in the page cache", cold_verify),
+    ]
     base = statistics.median(rows[0][1])
     print(f"launch to the first training step ({os.cpu_count()} CPUs; median of {args.repeats} where repeated):")
     for label, times in rows:
