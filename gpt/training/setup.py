@@ -23,6 +23,7 @@ from gpt.checkpoint import Checkpoint
 from gpt.config import RunConfig, changed_settings
 from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
+from gpt.data.prepare import SIZES
 from gpt.errors import TinyGPTError
 from gpt.finetune import initial_model, prepare_finetune
 from gpt.optim import CosineSchedule, Optimizer, build_optimizer
@@ -188,7 +189,7 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:
         data = load_data(cfg.data, cfg.paths.data_root(), log=log)
     distributed.barrier(dist)
     if dist.local_rank != 0:
-        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=False)  # local rank 0 checked it
+        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=SIZES)  # local rank 0 checked it
     log(
         f"data {data.name}: {Dataset.tokens(data.train):,} train / {Dataset.tokens(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size}"
