@@ -137,7 +137,7 @@ class Threads:
 
     def __init__(self, device: torch.device, requested: int | str | None = None, local_processes: int = 1):
         requested = check_threads(requested)  # also for callers that bypass the settings (the harness)
-        self.requested, self.adaptive, self.device = requested, False, device
+        self.requested, self.adaptive, self.device, self.load_checked = requested, False, device, False
         cpus = _affinity()
         self.cores = len(cpus) if cpus else (os.cpu_count() or 1)
         self.share = max(1, self.cores // max(1, local_processes))
@@ -195,13 +195,17 @@ class Threads:
         )
 
     def load_notice(self) -> str | None:
-        """One notice when other work keeps cores busy now (since this object was made, at least a
-        quarter of a second): the run keeps its count, and says how to choose another."""
-        if self.adaptive or self.device.type != "cpu" or not self.load.readable:
+        """One notice when other work keeps cores busy at the start (since this object was made):
+        the run keeps its count, and says how to choose another. Called at the end of set-up,
+        which then waits out the rest of a quarter second if set-up was shorter: the look needs
+        a window in which this process computes little (while its own threads compute, the
+        cores' busy time cannot tell them from other work)."""
+        if self.load_checked or self.adaptive or self.device.type != "cpu" or not self.load.readable:
             return None
         wait = _START_WINDOW_S - self.load.seconds_since_last()
         if wait > 0:
             time.sleep(wait)
+        self.load_checked = True
         busy = self.load.busy_elsewhere()
         free = max(1, self.cores - busy)
         if not busy or self.count <= free:

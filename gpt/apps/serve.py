@@ -98,6 +98,9 @@ def serve(s: ServeConfig) -> None:
         engine = Engine(model, loaded.tokenizer(), s.max_batch, s.max_queue, autocast=rt.autocast, observe=rt.threads.observe)
         served.append(ServedModel(model_id, engine, engine.tokenizer, model.config.block_size, loaded.source))
         print(f"model {model_id}: {loaded.source} (context {model.config.block_size})", file=sys.stderr)
+    notice = rt.threads.load_notice()  # other work on our cores: said once, the count kept
+    if notice:
+        print(notice, file=sys.stderr)
     app = create_app(served, s, api_key)
     host = f"[{s.host}]" if ":" in s.host else s.host
     print(

@@ -51,12 +51,13 @@ def claim_run_dir(overrides: list[str], own: list[str]) -> list[str]:
     if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks)
         preflight(common.compose("config", own, _COMMAND))
         return []
-    run_dir, pinned = _resolve_run_dir(overrides)
+    cfg = common.compose_raw("config", overrides, _COMMAND, hydra=True)  # once: the run directory and the settings
+    run_dir, pinned = _resolve_run_dir(overrides, cfg)
     created = not run_dir.exists()
     lock = runlock.RunLock(run_dir, log=lambda m: print(m, file=sys.stderr))
     lock.acquire()
     try:
-        point = preflight(common.compose("config", own, _COMMAND), run_dir)
+        point = preflight(_settings_without_hydra(cfg), run_dir)
         _examined[run_dir.resolve()] = point
         _keep_earlier_record(run_dir, point)
     except BaseException:
@@ -68,15 +69,23 @@ def claim_run_dir(overrides: list[str], own: list[str]) -> list[str]:
     return pinned
 
 
-def _resolve_run_dir(overrides: list[str]) -> tuple[Path, list[str]]:
-    """The run directory Hydra would make, and the override that pins it: resolved once here, as a
-    `${now:...}` resolved twice would name two directories."""
+def _settings_without_hydra(cfg):
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return common.settings_of(cfg)
+
+
+def _resolve_run_dir(overrides: list[str], cfg) -> tuple[Path, list[str]]:
+    """The run directory Hydra would make (from `cfg`, composed with Hydra's own settings), and
+    the override that pins it: resolved once here, as a `${now:...}` resolved twice would name
+    two directories."""
     from omegaconf import OmegaConf
 
     given = dict(a.split("=", 1) for a in overrides).get("hydra.run.dir")
     if given is not None and "${" not in given:
         return Path(given).expanduser().absolute(), []
-    cfg = common.compose_raw("config", overrides, _COMMAND, hydra=True)
     try:
         resolved = str(OmegaConf.select(cfg, "hydra.run.dir"))
     except Exception as e:  # an interpolation only Hydra's own run can resolve (${hydra:...})

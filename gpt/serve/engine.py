@@ -87,8 +87,8 @@ class Engine:
     max_batch: rows decoded together (a job larger than that runs alone). max_queue: jobs that
     may wait for a slot; `submit` refuses more (the web layer answers 503). autocast: the
     runtime's compute-dtype context. observe: called after each step, e.g. gpt.threads'
-    ThreadGovernor.observe (CPU threads follow the free cores, as in training); a notice it
-    returns is logged."""
+    Threads.observe (a no-op unless threads=auto, where CPU threads follow the free cores, as
+    in training); a notice it returns is logged."""
 
     def __init__(
         self,
