@@ -30,7 +30,7 @@ def _one_line_or_success(capsys, call) -> str:
 
 
 @pytest.mark.slow
-def test_300_damaged_checkpoints_through_sample_eval_and_resume(trained_run, data_root, tmp_path, capsys, monkeypatch):
+def test_150_damaged_checkpoints_through_sample_eval_and_resume(trained_run, data_root, tmp_path, capsys, monkeypatch):
     from gpt.apps import eval as eval_app
     from gpt.apps import sample as sample_app
     from gpt.apps import train as train_app
@@ -45,7 +45,7 @@ def test_300_damaged_checkpoints_through_sample_eval_and_resume(trained_run, dat
     good = checkpoint.latest(run_dir).read_bytes()
     path = tmp_path / "damaged.pt"
     outcomes: dict[str, dict[str, int]] = {}
-    for _kind, data in corrupted_variants(good, 300, seed=1):
+    for _kind, data in corrupted_variants(good, 150, seed=1):
         path.write_bytes(data)
         calls = {
             "sample": lambda: sample_app.main([f"ckpt={path}", "max_new_tokens=3", "prompt=ROMEO:", "threads=1"]),
@@ -57,7 +57,7 @@ def test_300_damaged_checkpoints_through_sample_eval_and_resume(trained_run, dat
             outcomes.setdefault(name, {}).setdefault(result, 0)
             outcomes[name][result] += 1
     for name in ("sample", "eval", "train"):
-        assert sum(outcomes[name].values()) == 300 and outcomes[name].get("refused", 0) > 250, outcomes
+        assert sum(outcomes[name].values()) == 150 and outcomes[name].get("refused", 0) > 125, outcomes
     assert len(trained) == outcomes["train"].get("ok", 0)
 
 
@@ -152,7 +152,7 @@ def test_kill_9_at_random_moments_then_reruns_end_with_the_uninterrupted_figures
     duration = time.time() - t0
     reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
     rng = random.Random(9)
-    for trial in range(4):
+    for trial in range(2):  # tests/test_reproducible.py kills at random steps under load, three trials more
         run_dir = tmp_path / f"trial-{trial}"
         for _kill in range(2):
             proc = subprocess.Popen(command(run_dir), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
