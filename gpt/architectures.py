@@ -51,4 +51,8 @@ def summary(config) -> str:
     extras = [] if c.pos_encoding == "learned" else [f"{c.pos_encoding} positions"]
     if c.kv_heads != c.n_head:
         extras.append(f"{c.kv_heads} kv heads")
+    extras += [c.norm] * (c.norm != "layernorm") + [f"{c.mlp} {c.hidden}"] * (c.mlp != "gelu")
+    extras += ["qk-norm"] * c.qk_norm + ["untied head"] * (not c.tie_embeddings) + ["no bias"] * (not c.bias)
+    if c.logit_softcap:
+        extras.append(f"softcap {c.logit_softcap:g}")
     return f"{c.n_layer}L {c.n_head}H {c.n_embd}D block {c.block_size}" + (f" ({', '.join(extras)})" if extras else "")

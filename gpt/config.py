@@ -111,7 +111,17 @@ class GPTSettings:
     pos_encoding: str = "learned"  # choices: gpt.model.POS_ENCODINGS
     n_kv_head: int | None = None  # fewer key/value heads than n_head: grouped-query attention
     rope_theta: float = 10000.0
-    activation: str = "gelu"  # gelu (exact) | gelu_tanh (OpenAI's GPT-2)
+    activation: str = "gelu"  # mlp=gelu's GELU: gelu (exact) | gelu_tanh (OpenAI's GPT-2)
+    # The block's options (GPT-2's by default; what each does: gpt/model/config.py, docs/training.md)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"  # gelu | swiglu | relu2
+    mlp_hidden: int | None = None  # null: 4 x n_embd (swiglu: 2/3 of that, rounded up to a multiple of 256)
+    qk_norm: bool = False  # normalise queries and keys per head, before RoPE
+    tie_embeddings: bool = True  # the LM head shares the token embedding's matrix
+    logit_softcap: float | None = None  # logits -> c * tanh(logits / c); null: off
+    head_dim: int | None = None  # null: n_embd / n_head
+    qkv_bias: bool | None = None  # biases on q, k, v; null: as `bias`
 
 
 @dataclass

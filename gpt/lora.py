@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn as nn
 
-DEFAULT_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+DEFAULT_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_gate", "mlp.c_proj")  # c_gate: SwiGLU's
 
 
 class LoRALinear(nn.Module):

@@ -18,7 +18,7 @@ from helpers import run_script
 
 @pytest.mark.parametrize("settings, config", [(GPTSettings, GPTConfig), (RNNSettings, RNNConfig)])
 def test_settings_and_model_config_have_the_same_fields_and_defaults(settings, config):
-    """The model section's schema (gpt/config.py) and the model's own config (gpt/model.py,
+    """The model section's schema (gpt/config.py) and the model's own config (gpt/model/config.py,
     gpt/rnn.py) are two classes by design (the model knows nothing of Hydra, and composing a
     config needs no torch); this keeps them one definition in effect."""
     ours = {f.name: f.default for f in fields(settings) if f.name not in ("name",)}

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "math_to_code.md"
 README = REPO / "README.md"
-# [`gpt/model.py:195`](../gpt/model.py#L195) `q, k, v = self.c_attn(x)`
+# [`gpt/model/attention.py:80`](../gpt/model/attention.py#L80) `q, k, v = self.c_attn(x)`
 REF = re.compile(
     r"\[`(?P<file>gpt/[\w/]+\.py):(?P<line>\d+)`\]\(\.\./(?P<link>gpt/[\w/]+\.py)#L(?P<anchor>\d+)\) `(?P<code>[^`]+)`"
 )

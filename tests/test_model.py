@@ -1,8 +1,9 @@
-"""gpt/model.py: shapes, causality, attention against a NumPy reference of the formulas,
+"""gpt/model/: shapes, causality, attention against a NumPy reference of the formulas,
 positional encodings, grouped-query attention, weight tying, init, parameter counts, KV cache.
 Run: pytest tests/test_model.py"""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -196,13 +197,18 @@ def test_sinusoidal_table_is_the_closed_form_to_float32_rounding(n_pos, dim):
                 assert math.isclose(table[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=6e-8)
 
 
-def test_rope_tables_are_the_closed_form_to_float32_rounding():
+def test_rope_tables_are_the_float32_angles_llama_was_trained_with():
+    """cos/sin of p * theta^(-2i/d), the angle computed in float32 as Meta's and Hugging Face's
+    Llama compute it (an imported model's logits are then bitwise transformers'): within float32
+    rounding of the closed form for short contexts, and exactly float32's product for long ones."""
     cos, sin = rope_tables(4096, 128, 10000.0)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 128, 2).float() / 128))
     for pos in (0, 5, 2049, 4095):
         for i in (0, 1, 31, 63):
-            angle = pos * 10000.0 ** (-2 * i / 128)
-            assert math.isclose(cos[pos, i].item(), math.cos(angle), abs_tol=6e-8)
-            assert math.isclose(sin[pos, i].item(), math.sin(angle), abs_tol=6e-8)
+            angle = torch.tensor(float(pos)) * inv_freq[i]  # float32, as Llama
+            assert cos[pos, i].item() == torch.cos(angle).item() and sin[pos, i].item() == torch.sin(angle).item()
+            if pos < 64:
+                assert math.isclose(cos[pos, i].item(), math.cos(pos * 10000.0 ** (-2 * i / 128)), abs_tol=2e-6)
 
 
 def test_rope_scores_depend_only_on_relative_offset():
@@ -247,3 +253,143 @@ def test_grouped_query_attention_equals_mha_with_shared_heads():
     idx = torch.randint(0, 32, (2, 8))
     assert torch.allclose(gqa(idx)[0], mha(idx)[0], atol=1e-5)
     assert gqa.transformer.h[0].attn.c_attn.weight.shape == (32, 16)  # K and V take half the space
+
+
+# --- the block's options: each one's formula, and every one causal and cache-exact -------------
+
+OPTIONS = {
+    "rmsnorm": dict(norm="rmsnorm"),
+    "swiglu": dict(mlp="swiglu"),
+    "relu2": dict(mlp="relu2"),
+    "qk_norm": dict(qk_norm=True, pos_encoding="rope"),
+    "untied": dict(tie_embeddings=False),
+    "no_bias": dict(bias=False),
+    "softcap": dict(logit_softcap=3.0),
+    "head_dim": dict(head_dim=4, n_head=2, n_kv_head=1, pos_encoding="rope"),
+    "qkv_bias": dict(bias=False, qkv_bias=True),
+    "llama": dict(norm="rmsnorm", mlp="swiglu", pos_encoding="rope", bias=False, tie_embeddings=False, n_kv_head=1),
+    "modern": dict(norm="rmsnorm", mlp="relu2", pos_encoding="rope", bias=False, qk_norm=True, logit_softcap=15.0),
+}
+
+
+def _scrambled(model: GPT, std: float = 0.3) -> GPT:
+    """Weights far from init (0.02 hides a wrong formula) and gains around 1."""
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(
+                1 + 0.3 * torch.randn_like(p)
+                if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight", "norm.weight"))
+                else std * torch.randn_like(p)
+            )
+    return model
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_every_block_option_is_causal_and_exact_with_the_cache(option):
+    model = _scrambled(GPT(tiny(**OPTIONS[option]))).eval()
+    idx = torch.randint(0, 64, (2, 16))
+    changed = idx.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 64
+    assert torch.equal(model(idx)[0][:, :9], model(changed)[0][:, :9])
+    full, _ = model(idx)
+    cache = KVCache(n_layer=2, max_len=16, pad=torch.zeros(2, dtype=torch.long))
+    stepped = torch.cat([model(idx[:, :5], cache=cache)[0], *[model(idx[:, t : t + 1], cache=cache)[0] for t in range(5, 16)]], 1)
+    assert (stepped - full).abs().max().item() < 1e-4 * full.abs().max().item()
+    cfgs = [SamplingSettings(max_new_tokens=24, temperature=0.0, kv_cache=c) for c in (True, False)]
+    runs = [Decoder(model, [[1, 2, 3], [4]], c, [0, 0]) for c in cfgs]
+    assert torch.equal(*[torch.stack([d.step() for _ in range(24)]) for d in runs])
+
+
+def test_rmsnorm_is_its_formula_computed_in_float32():
+    from gpt.model import RMSNorm
+
+    norm = RMSNorm(8, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 8))
+    x = torch.randn(3, 8) * 5
+    expected = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    assert torch.allclose(norm(x), expected, atol=1e-6)
+    half = norm(x.bfloat16())  # normalised in float32, then cast back before the gain
+    assert half.dtype == torch.float32 and torch.allclose(half, expected, atol=0.05)
+
+
+def test_swiglu_and_relu2_are_their_formulas():
+    torch.manual_seed(0)
+    swiglu = GPT(tiny(mlp="swiglu", mlp_hidden=24)).transformer.h[0].mlp
+    x = torch.randn(2, 5, 16)
+    gate, up, down = swiglu.c_gate, swiglu.c_fc, swiglu.c_proj
+    assert torch.allclose(swiglu(x), down(torch.nn.functional.silu(gate(x)) * up(x)), atol=1e-6)
+    assert gate.weight.shape == up.weight.shape == (24, 16) and down.weight.shape == (16, 24)
+    relu2 = GPT(tiny(mlp="relu2")).transformer.h[0].mlp
+    assert torch.allclose(relu2(x), relu2.c_proj(torch.relu(relu2.c_fc(x)) ** 2), atol=1e-6)
+
+
+def test_the_mlp_width_follows_llama_for_swiglu_unless_given():
+    assert GPTConfig(n_embd=576, n_head=9, mlp="swiglu").hidden == 1536  # SmolLM2-135M
+    assert GPTConfig(n_embd=4096, n_head=32, mlp="swiglu").hidden == 11008  # Llama 7B
+    assert GPTConfig(n_embd=128, mlp="swiglu").hidden == 512 and GPTConfig(n_embd=128).hidden == 512
+    assert GPTConfig(n_embd=128, mlp="swiglu", mlp_hidden=384).hidden == 384
+
+
+def test_an_untied_head_is_its_own_matrix_and_counts():
+    model = GPT(tiny(tie_embeddings=False))
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    tied = GPT(tiny())
+    assert model.num_params() == tied.num_params() + 64 * 16
+    # non-embedding: without the position table and, untied, the token table (a lookup), but with
+    # the head's matmul; tied, the one matrix is both: the same count
+    assert model.num_params(non_embedding=True) == model.num_params() - 16 * 16 - 64 * 16 == tied.num_params(non_embedding=True)
+    assert model.flops_per_token() == 6 * model.num_params(non_embedding=True) + 12 * 2 * 16 * 16
+
+
+def test_softcap_bounds_the_logits_and_is_near_identity_for_small_ones():
+    model = _scrambled(GPT(tiny(logit_softcap=2.0)), std=1.0).eval()
+    logits, _ = model(torch.randint(0, 64, (2, 16)))
+    assert 1.5 < logits.abs().max() <= 2.0  # saturating, never beyond
+    plain = GPT(tiny()).eval()
+    plain.load_state_dict(GPT(tiny(logit_softcap=1000.0)).state_dict())
+    capped = GPT(tiny(logit_softcap=1000.0)).eval()
+    capped.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 64, (1, 8))
+    assert torch.allclose(plain(idx)[0], capped(idx)[0], atol=1e-5)
+
+
+def test_qk_norm_makes_the_attention_weights_blind_to_the_inputs_scale():
+    """With QK-norm every query and key has the norm's scale: multiplying the attention's input
+    by 100 leaves its weights unchanged (and its output, V's, 100 times as large). Where it sits
+    against RoPE is checked against transformers' Qwen3 (tests/test_interop.py)."""
+    torch.manual_seed(0)
+    cfg = tiny(qk_norm=True, pos_encoding="rope", bias=False, norm="rmsnorm")
+    attn = _scrambled(GPT(cfg)).transformer.h[0].attn.eval()
+    from gpt.model import rope_tables
+
+    cos, sin = rope_tables(16, 8, 10000.0)
+    rope = (cos[None, None, :8], sin[None, None, :8])
+    x = torch.randn(1, 8, 16)
+    y1, y100 = attn(x, rope=rope), attn(100 * x, rope=rope)
+    # V scales by 100, the attention weights do not: the output is 100 times as large
+    assert (100 * y1 - y100).abs().max() < 1e-5 * y100.abs().max()
+
+
+def test_qkv_bias_alone_and_head_dim_shape_the_projections():
+    attn = GPT(tiny(bias=False, qkv_bias=True, head_dim=4, n_head=2)).transformer.h[0].attn
+    assert attn.c_attn.bias is not None and attn.c_proj.bias is None
+    assert attn.c_attn.weight.shape == (3 * 2 * 4, 16) and attn.c_proj.weight.shape == (16, 8)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(norm="batchnorm"), "model.norm='batchnorm' is unknown; use one of layernorm, rmsnorm"),
+        (dict(mlp="swiglu2"), "model.mlp='swiglu2' is unknown; use one of gelu, swiglu, relu2"),
+        (dict(logit_softcap=0.0), "logit_softcap must be a number > 0"),
+        (dict(norm_eps=-1.0), "norm_eps must be a number > 0"),
+        (dict(mlp="swiglu", activation="gelu_tanh"), "activation=gelu_tanh picks mlp=gelu's GELU"),
+        (dict(head_dim=3, pos_encoding="rope"), "head dimension 3 must be even"),
+        (dict(qk_norm="yes"), "model.qk_norm must be true or false"),
+    ],
+)
+def test_bad_block_options_are_one_line(kw, match):
+    with pytest.raises(TinyGPTError, match=re.escape(match)):
+        tiny(**kw)

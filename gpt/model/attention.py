@@ -1,0 +1,124 @@
+"""Causal multi-head self-attention, A = softmax(QK^T / sqrt(d_k)) V, and the KV cache that
+lets generation run one position at a time."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt.model.config import GPTConfig
+from gpt.model.layers import apply_rope, make_norm
+
+
+class KVCache:
+    """Keys and values of positions already processed, so that generating the next token costs
+    one position's work instead of the whole context's.
+
+    One (B, n_kv_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype
+    the layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
+    the number of padding columns in front of row b, which no query ever attends to.
+    """
+
+    def __init__(self, n_layer: int, max_len: int, pad: torch.Tensor):
+        self.max_len = max_len
+        self.pad = pad  # (B,) long
+        self.min_pad = int(pad.min())
+        self.length = 0  # columns filled so far
+        self.k: list[torch.Tensor | None] = [None] * n_layer
+        self.v: list[torch.Tensor | None] = [None] * n_layer
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys/values at the current columns; return all columns so far."""
+        if self.k[layer] is None:
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            self.v[layer] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        end = self.length + k.size(2)
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention where position t only attends to positions <= t."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+        super().__init__()
+        self.layer_idx = layer_idx  # which KV-cache slot is ours
+        self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
+        self.head_dim = config.dim_per_head
+        self.impl = config.attention
+        self.rope = config.pos_encoding == "rope"
+        self.dropout = config.dropout
+        self.capture = False  # set by GPT.attention_maps: keep the attention weights
+        self.last_weights: torch.Tensor | None = None
+        # Q=XWq, K=XWk, V=XWv computed as one matmul with the three weights stacked. With
+        # grouped-query attention K and V have fewer heads than Q (a smaller KV cache).
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.c_attn = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.attn_bias)
+        self.c_proj = nn.Linear(q_dim, config.n_embd, bias=config.bias)
+        # QK-norm: each head's queries and keys normalised (one gain per channel, shared by the
+        # heads), so that attention logits cannot grow without bound as the weights do.
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """x: (B, T, C). Without a cache, attention is plainly causal over x. With one, x holds
+        the new positions only, and `mask` (B, 1, T, columns so far) says what each may see.
+        `rope` holds the cos/sin of the positions of x when RoPE is on."""
+        B, T, C = x.shape
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split([q_dim, kv_dim, kv_dim], dim=2)
+        # Split channels into heads: (B, T, C) -> (B, heads, T, head_dim).
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:  # before the rotation: it scales a head's vector, RoPE turns it
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.store(self.layer_idx, k, v)
+        if self.n_kv_head != self.n_head:  # each K/V head serves a group of query heads
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+
+        if self.impl == "sdpa" and not self.capture:
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None,
+                dropout_p=self.dropout if self.training else 0.0,
+            )
+        else:
+            y = self._manual_attention(q, k, v, mask)
+
+        # Concatenate heads back: (B, n_head, T, head_dim) -> (B, T, n_head * head_dim).
+        y = y.transpose(1, 2).contiguous().view(B, T, q_dim)
+        return self.resid_dropout(self.c_proj(y))
+
+    def _manual_attention(self, q, k, v, mask=None) -> torch.Tensor:
+        """A = softmax(QK^T / sqrt(d_k)) with future positions masked out; output A V."""
+        if mask is None:  # plain causal: query t sees keys 0..t
+            T = q.size(-2)
+            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = F.softmax(scores, dim=-1)
+        if self.capture:
+            self.last_weights = weights.detach()
+        return self.attn_dropout(weights) @ v

@@ -1,0 +1,177 @@
+"""The GPT: token embedding (+ positions) -> n_layer blocks -> final norm -> LM head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt.model.attention import CausalSelfAttention, KVCache
+from gpt.model.config import GPTConfig
+from gpt.model.layers import make_mlp, make_norm, rope_tables, sinusoidal_table
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T); None without targets.
+    Upcast first: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy."""
+    if targets is None:
+        return None
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: normalise, transform, add back to the residual stream."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = make_norm(config)
+        self.mlp = make_mlp(config)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, mask, rope)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos_encoding == "learned":
+            layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        layers.update(
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=make_norm(config),
+        )
+        self.transformer = nn.ModuleDict(layers)
+        # Fixed tables are buffers: they follow .to(device) but are neither trained nor saved.
+        if config.pos_encoding == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+        if config.pos_encoding == "rope":
+            cos, sin = rope_tables(config.block_size, config.dim_per_head, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            # Weight tying: the input embedding and the output projection share one matrix, which
+            # saves vocab_size * n_embd parameters and trains better for small models.
+            self.lm_head.weight = self.transformer.wte.weight
+
+        self.apply(self._init_weights)
+        # GPT-2: scale residual projections by 1/sqrt(2 * n_layer) so the residual stream's
+        # variance does not grow with depth (two residual additions per block).
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy loss
+        against `targets` (B, T), or None when no targets are given.
+
+        With a `cache`, idx holds only the positions after those already cached, and the cache
+        advances by T (see `KVCache`); that is how generation runs one token at a time.
+        `last_only` computes logits for the last position only (B, 1, vocab): all that
+        generation needs, and for a 50k vocabulary the LM head is a large share of the work."""
+        B, T = idx.shape
+        mask = None
+        if cache is None:
+            if T > self.config.block_size:
+                raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+            pos = torch.arange(T, device=idx.device)
+        else:
+            pos, mask = self._cached_positions(cache, T, idx.device)
+        x = self.transformer.wte(idx)
+        rope = None
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(pos)
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[pos]
+        elif self.config.pos_encoding == "rope":
+            # (T, d/2) or (B, T, d/2) -> broadcastable over heads: (1 or B, 1, T, d/2)
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+            rope = (cos.view(-1, 1, T, cos.size(-1)), sin.view(-1, 1, T, sin.size(-1)))
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, cache, mask, rope)
+        if cache is not None:
+            cache.length += T
+        if last_only:
+            x = x[:, -1:, :]
+        logits = self.lm_head(self.transformer.ln_f(x))
+        if self.config.logit_softcap:  # c tanh(z / c): near z for small z, never beyond +-c (in fp32)
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits.float() / cap)
+        return logits, next_token_loss(logits, targets)
+
+    def _cached_positions(self, cache: KVCache, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids (B, T) and attention mask (B, 1, T, columns) for T new columns.
+
+        Row b's first real token sits at column pad[b] and gets position 0. A query at column c
+        sees columns pad[b]..c; a padding query sees only itself (its output is never used, but
+        a row with nothing to attend to would turn into NaNs)."""
+        start = cache.length
+        if start + T > cache.max_len or start + T - cache.min_pad > self.config.block_size:
+            raise ValueError(f"KV cache holds {start} columns; {T} more exceed its size or block_size")
+        q_col = torch.arange(start, start + T, device=device)
+        k_col = torch.arange(start + T, device=device)
+        pad = cache.pad.to(device)
+        pos = (q_col[None, :] - pad[:, None]).clamp(min=0)
+        visible = (k_col[None, None, :] <= q_col[None, :, None]) & (k_col[None, None, :] >= pad[:, None, None])
+        visible |= k_col[None, None, :] == q_col[None, :, None]
+        return pos, visible[:, None]
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count; tied weights count once. `non_embedding` drops the position table
+        and, untied, the token table (a lookup; tied, it stays: it is also the LM head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        if non_embedding and not self.config.tie_embeddings:
+            n -= self.transformer.wte.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token, as in the PaLM paper's appendix:
+        6 per weight, plus 12 * n_layer * (n_head * head_dim) * T for the attention score/value
+        matmuls."""
+        c = self.config
+        T = seq_len or c.block_size
+        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_head * c.dim_per_head * T
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Attention weights of every layer for idx (B, T): a list of (B, n_head, T, T) tensors,
+        computed with the explicit softmax(QK^T/sqrt(d_k)) path whatever `attention` says."""
+        attns = [block.attn for block in self.transformer.h]
+        was_training = self.training
+        self.eval()
+        try:
+            for a in attns:
+                a.capture = True
+            self(idx)
+            return [a.last_weights for a in attns]
+        finally:
+            for a in attns:
+                a.capture, a.last_weights = False, None
+            self.train(was_training)
