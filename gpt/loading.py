@@ -44,14 +44,16 @@ def check(source: str, what: str = "init_from") -> None:
     """Refuse, cheaply and before anything is written, a source `load` could not load: not a GPT-2
     name, folder or checkpoint; a run directory without checkpoints; a file that is no checkpoint
     (its tensors are mapped, not read)."""
-    from gpt import pretrained
+    from gpt import interop
 
-    if pretrained.is_hf_source(source):
+    if interop.is_hf_source(source):
+        interop.check(source)
         return
     path = Path(source).expanduser()
     if not path.exists():
         raise TinyGPTError(
-            f"{what}={source} is not a GPT-2 name ({', '.join(pretrained.HUB_MODELS)}), a folder or a checkpoint file"
+            f"{what}={source} is not a Hugging Face model (a Hub name such as {', '.join(interop.HUB_MODELS)} or "
+            f"owner/name, or a folder with config.json), a tinygpt run directory or a checkpoint file"
         )
     if not path.is_dir():
         checkpoint.load(path, mmap=True)
@@ -71,21 +73,23 @@ def load(source: str, dropout: float | None = None, log=None) -> Loaded:
     """A Hugging Face GPT-2 (Hub name or folder with config.json), a tinygpt checkpoint, or a run
     directory (its best.pt, else its newest step checkpoint; a damaged one is skipped with a
     notice through `log`, stderr by default). `dropout` replaces the model's."""
-    from gpt import pretrained
+    from gpt import interop
 
     log = log or (lambda message: print(message, file=sys.stderr))
 
-    if pretrained.is_hf_source(source):
-        model, tokenizer = pretrained.load_hf_gpt2(source, dropout or 0.0)
+    if interop.is_hf_source(source):
+        model, tokenizer = interop.load(source, dropout or 0.0)
         if tokenizer is None:
             raise TinyGPTError(
-                f"{source} has a vocabulary of {model.config.vocab_size}, not GPT-2's, and no tinygpt_tokenizer.json"
+                f"{source} has a vocabulary of {model.config.vocab_size} and no tokenizer files (tokenizer.json, or "
+                f"tinygpt_tokenizer.json); put the model's tokenizer.json beside its config.json"
             )
         return Loaded(model.eval(), tokenizer, source)
     path = Path(source).expanduser()
     if not path.exists():
         raise TinyGPTError(
-            f"init_from={source} is not a GPT-2 name ({', '.join(pretrained.HUB_MODELS)}), a folder or a checkpoint file"
+            f"init_from={source} is not a Hugging Face model (a Hub name such as {', '.join(interop.HUB_MODELS)} or "
+            f"owner/name, or a folder with config.json), a tinygpt run directory or a checkpoint file"
         )
     if not path.is_dir():
         ckpt, model = _load_file(path, dropout)

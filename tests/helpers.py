@@ -178,3 +178,10 @@ def poison_forward(monkeypatch, bad_calls):
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", forward)
+
+
+def export_hf(model, tokenizer, out: Path) -> Path:
+    """`tinygpt export`'s step: the model as a Hugging Face folder (GPT-2's or Llama's format)."""
+    from gpt import interop
+
+    return interop.export(model, tokenizer, out)[0]

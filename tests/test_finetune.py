@@ -12,9 +12,8 @@ import torch
 from gpt import architectures, checkpoint, loading
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
-from gpt.pretrained import export_hf
 from gpt.training import train
-from helpers import compose
+from helpers import compose, export_hf
 
 
 def _char_overrides(root, data_overrides, steps=6):

@@ -174,7 +174,7 @@ def test_an_exported_tokenizer_adds_no_special_tokens(tmp_path):
     """A BOS template in the tokenizer.json would shift every id AutoTokenizer gives: the export
     drops it (tinygpt never adds special tokens)."""
     transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
-    from gpt.pretrained import write_fast_tokenizer_files
+    from gpt.interop.hf import write_fast_tokenizer_files
 
     tok = _sentencepiece_style(tmp_path)
     write_fast_tokenizer_files(tok, tmp_path / "out", 64)

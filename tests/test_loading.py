@@ -11,8 +11,8 @@ from gpt.checkpoint import Checkpoint
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
 from gpt.model import GPT, GPTConfig
-from gpt.pretrained import export_hf
 from gpt.tokenizer import CharTokenizer
+from helpers import export_hf
 
 CHARS = list("abcdefgh")
 
@@ -74,7 +74,7 @@ def test_a_hugging_face_folder_loads_with_its_tokenizer(tmp_path):
 
 
 def test_clear_errors(tmp_path):
-    with pytest.raises(TinyGPTError, match="init_from=/nowhere is not a GPT-2 name"):
+    with pytest.raises(TinyGPTError, match="init_from=/nowhere is not a Hugging Face model"):
         loading.load("/nowhere")
     model, run = _run(tmp_path)
     bad = checkpoint.load(checkpoint.latest(run))

@@ -1,11 +1,14 @@
-"""Export a checkpoint to a Hugging Face GPT-2 folder:
+"""Export a checkpoint to a Hugging Face folder: GPT-2's format for GPT-2's block, Llama's (or
+Qwen2's / Qwen3's) for the Llama block:
 
     tinygpt export run_dir=outputs/runs/<stamp> out=hf_model
     tinygpt export ckpt=path/to/best.pt out=hf_model
     tinygpt export out=hf_model                 # the newest run under paths.runs_dir
+    tinygpt export init_from=<HF folder> out=hf_model   # an imported model, written again
 
-Then `transformers.GPT2LMHeadModel.from_pretrained("hf_model")` loads it (LoRA adapters are
-merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer).
+Then `transformers.AutoModelForCausalLM.from_pretrained("hf_model")` loads it (LoRA adapters
+are merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer, Hugging Face
+tokenizers their tokenizer.json).
 Settings and defaults: gpt/config.py (ExportConfig).
 """
 
@@ -25,17 +28,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export(s: ExportConfig) -> Path:
-    from gpt import loading
-    from gpt.pretrained import export_hf
+    from gpt import interop, loading
 
     if Path(s.out).expanduser().exists() and not Path(s.out).expanduser().is_dir():
         raise TinyGPTError(f"out={s.out} is a file; name a folder for the Hugging Face files")
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     try:
-        out = export_hf(loaded.model, loaded.tokenizer(), s.out)
+        out, cls = interop.export(loaded.model, loaded.tokenizer(), s.out)
     except OSError as e:
         raise TinyGPTError(f"cannot write to {s.out} ({e.strerror or e}); pass out=<a folder you can write>") from None
-    print(f"exported {loaded.source} -> {out} (load with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
+    print(
+        f"exported {loaded.source} -> {out} (load with transformers.{cls}.from_pretrained({str(out)!r}), or AutoModelForCausalLM)"
+    )
     return out
 
 

@@ -36,7 +36,7 @@ def model_sources(s: ServeConfig) -> list[tuple[str, str]]:
     """(id, source) of each model to serve: `models` (or every run with models=all), else the
     one model run_dir / ckpt / init_from / the newest run names. Ids are short names: a run's
     folder (relative to paths.runs_dir when under it), a checkpoint's run/file, a GPT-2 name."""
-    from gpt import checkpoint, loading, pretrained
+    from gpt import checkpoint, interop, loading
 
     runs_root = Path(s.paths.runs_dir).expanduser()
     if s.models == ["all"]:
@@ -53,7 +53,7 @@ def model_sources(s: ServeConfig) -> list[tuple[str, str]]:
     named: list[tuple[str, str]] = []
     for source in sources:
         path = Path(source).expanduser()
-        if pretrained.is_hf_source(source) and not path.exists():
+        if interop.is_hf_source(source) and not path.exists():
             name = source
         elif path.is_dir():
             try:

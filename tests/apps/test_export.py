@@ -24,3 +24,65 @@ def test_export_command(tmp_path, trained_run, data_root):
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
     assert_one_line_error(run_script("export", [f"run_dir={tmp_path / 'nope'}", "out=x"], tmp_path, root), "nope does not exist")
+
+
+@pytest.mark.slow
+def test_a_llama_folder_through_the_commands(tmp_path, data_root):
+    """A LlamaForCausalLM folder with its tokenizer.json, as a user has one on disk: sampled,
+    evaluated, finetuned with LoRA on data of its tokenizer (and resumed), exported again
+    (`tinygpt export init_from=<folder>`) bitwise; one whose RoPE is scaled is refused by train.py
+    in one line before anything is written."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from gpt.hf_tokenizer import train_bpe
+
+    root, _ = data_root
+    text = (root / "tinyshakespeare" / "input.txt").read_text()[:200_000]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    bpe = train_bpe([text], 400)
+    config = transformers.LlamaConfig(
+        vocab_size=bpe.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    folder = tmp_path / "llama"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(bpe.json_text)
+
+    sample = run_script("sample", [f"init_from={folder}", "prompt=ROMEO:", "max_new_tokens=8", "num_samples=1"], tmp_path, root)
+    assert sample.returncode == 0 and "\nROMEO:" in sample.stdout, sample.stderr[-1500:]
+    scored = run_script("eval", [f"init_from={folder}", f"text_file={corpus}", "max_tokens=500"], tmp_path, root)
+    assert scored.returncode == 0 and "perplexity" in scored.stdout, scored.stderr[-1500:]
+
+    run_dir = tmp_path / "run"
+    finetune = [
+        f"init_from={folder}", "data=local", f"data.source.path={corpus}", "data.name=llama_ft", "data.split_by=tail",
+        "data.tokenizer.kind=hf", f"data.tokenizer.name={folder}", "finetune.lora_rank=4", "optim=adamw",
+        "train.batch_size=4", "train.eval_iters=2", "train.eval_interval=4", "train.sample_tokens=0", "threads=1",
+        "finetune.block_size=32", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    first = run_script("train.py", [*finetune, "train.max_iters=4", "optim.decay_iters=8"], tmp_path, root)
+    assert first.returncode == 0 and "LoRA" in first.stdout, first.stderr[-2000:]
+    again = run_script("train.py", [*finetune, "train.max_iters=8", "optim.decay_iters=8"], tmp_path, root)
+    assert again.returncode == 0 and "resuming from" in again.stdout, again.stderr[-2000:]
+
+    out = tmp_path / "again"
+    exported = run_script("export", [f"init_from={folder}", f"out={out}"], tmp_path, root)
+    assert exported.returncode == 0 and "LlamaForCausalLM" in exported.stdout, exported.stderr[-1500:]
+    a, b = load_file(str(folder / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+    scaled = tmp_path / "scaled"
+    scaled.mkdir()
+    spec = json.loads((folder / "config.json").read_text())
+    spec["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    (scaled / "config.json").write_text(json.dumps(spec))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    refused = run_script(
+        "train.py", [*finetune[1:-1], f"init_from={scaled}", f"hydra.run.dir={tmp_path / 'new'}"], tmp_path, root
+    )
+    assert_one_line_error(refused, "rope scaling")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run directory, nothing written

@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 from gpt import loading
-from gpt.pretrained import export_hf
-from helpers import REPO, assert_one_line_error, run_script
+from helpers import REPO, assert_one_line_error, export_hf, run_script
 
 
 def test_sample_from_latest_run_and_from_run_dir(trained_run, data_root):

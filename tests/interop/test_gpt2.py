@@ -1,5 +1,5 @@
-"""gpt/pretrained.py: GPT-2 weights in and out in Hugging Face's format, checked against
-transformers' own GPT2LMHeadModel. Run: pytest tests/test_pretrained.py"""
+"""gpt/interop/gpt2.py: GPT-2 weights in and out in Hugging Face's format, checked against
+transformers' own GPT2LMHeadModel. Run: pytest tests/interop/test_gpt2.py"""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
-from gpt import pretrained  # noqa: E402
+from gpt import interop  # noqa: E402
 from gpt.errors import TinyGPTError  # noqa: E402
+from gpt.interop import gpt2  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
-from gpt.pretrained import export_hf, load_hf_gpt2  # noqa: E402
 from gpt.tokenizer import CharTokenizer, TiktokenTokenizer  # noqa: E402
+
+
+def export_hf(model, tokenizer, out):
+    return interop.export(model, tokenizer, out)[0]
+
+
+def load_hf_gpt2(source):
+    return interop.load(source)
 
 
 def _random_hf(vocab=64, **config) -> GPT2LMHeadModel:
@@ -156,7 +164,7 @@ def test_hub_layout_with_unprefixed_keys_and_mask_buffers(tmp_path):
 def test_every_gpt2_config_field_is_read_refused_or_without_effect():
     """A field transformers honours that loading ignored would load a model that computes
     something else; a new transformers version that adds one fails here."""
-    known = {*pretrained._READ, *pretrained._GPT2_ONLY, *pretrained._NO_EFFECT}
+    known = {*gpt2._READ, *gpt2._GPT2_ONLY, *gpt2._NO_EFFECT}
     assert set(GPT2Config().to_dict()) - known == set()
 
 
@@ -167,9 +175,6 @@ def test_every_gpt2_config_field_is_read_refused_or_without_effect():
         ("scale_attn_by_inverse_layer_idx", True),
         ("add_cross_attention", True),
         ("activation_function", "relu"),
-        ("n_inner", 48),
-        ("layer_norm_epsilon", 1e-3),
-        ("tie_word_embeddings", False),
     ],
 )
 def test_variants_tinygpt_does_not_compute_are_refused_by_name(tmp_path, field, value):
@@ -190,6 +195,9 @@ def test_variants_tinygpt_does_not_compute_are_refused_by_name(tmp_path, field, 
         {"activation_function": "gelu_pytorch_tanh"},
         {"activation_function": "gelu_fast"},
         {"n_inner": 128},
+        {"n_inner": 48},
+        {"layer_norm_epsilon": 1e-3},
+        {"tie_word_embeddings": False},
         {"reorder_and_upcast_attn": True},
         {"resid_pdrop": 0.5, "embd_pdrop": 0.5, "attn_pdrop": 0.5},
     ],
@@ -219,9 +227,9 @@ def _shift_positions(model):
 
 
 MUTATIONS = {
-    "exact GELU for GPT-2's tanh GELU": lambda mp, m: mp.setitem(pretrained._ACTIVATIONS, "gelu_new", "gelu"),
+    "exact GELU for GPT-2's tanh GELU": lambda mp, m: mp.setitem(gpt2._ACTIVATIONS, "gelu_new", "gelu"),
     "square attn.c_proj not transposed": lambda mp, m: mp.setattr(
-        pretrained, "_TRANSPOSED", tuple(t for t in pretrained._TRANSPOSED if t != "attn.c_proj.weight")
+        gpt2, "_TRANSPOSED", tuple(t for t in gpt2._TRANSPOSED if t != "attn.c_proj.weight")
     ),
     "no 1/sqrt(d) attention scale": lambda mp, m: mp.setattr(
         torch.nn.functional, "scaled_dot_product_attention", functools.partial(SDPA, scale=1.0)
@@ -254,7 +262,7 @@ def test_the_logit_comparison_catches_planted_loader_bugs(tmp_path, monkeypatch,
 def test_the_export_comparison_catches_a_symmetric_transpose_bug(tmp_path, monkeypatch):
     """Exporting and importing with the same wrong list of transposed matrices round-trips
     exactly; only transformers' forward pass shows it."""
-    monkeypatch.setattr(pretrained, "_TRANSPOSED", tuple(t for t in pretrained._TRANSPOSED if t != "attn.c_proj.weight"))
+    monkeypatch.setattr(gpt2, "_TRANSPOSED", tuple(t for t in gpt2._TRANSPOSED if t != "attn.c_proj.weight"))
     ours = _random_ours()
     export_hf(ours, CharTokenizer([chr(32 + i) for i in range(65)]), tmp_path)
     idx = torch.randint(0, 65, (3, 16))

@@ -1,0 +1,75 @@
+"""Models in and out of Hugging Face's formats, one module per family over shared plumbing:
+
+    hf.py      the folder (local, or a Hub repository via the local cache), config.json, weights
+               (safetensors, shards, or a weights-only pickle), tokenizer files
+    gpt2.py    GPT2LMHeadModel
+    llama.py   LlamaForCausalLM, and its relatives Qwen2ForCausalLM and Qwen3ForCausalLM
+
+A family module offers `check(folder, config)` (refuses what it cannot compute, weights
+unread), `load(folder, config, dropout) -> (GPT, tokenizer dict | None)`,
+`cannot_export(model_config) -> reason | None` and `export(model, tokenizer, out)`; a fourth
+family is one more module and one more line in FAMILIES.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt.errors import TinyGPTError
+from gpt.interop import gpt2, hf, llama
+
+# config.json's model_type -> the module that reads it
+FAMILIES = {"gpt2": gpt2, "llama": llama, "qwen2": llama, "qwen3": llama}
+HUB_MODELS = gpt2.HUB_MODELS  # the bare names that mean a Hub model (owner/name ones need no list)
+
+
+def is_hf_source(source: str) -> bool:
+    """A Hub model (gpt2, ..., or owner/name), or a folder holding a Hugging Face config.json."""
+    return source in HUB_MODELS or (Path(source).expanduser() / "config.json").is_file() or hf.is_hub_id(source)
+
+
+def check(source: str) -> None:
+    """Refuse, before anything is written, a local folder whose config.json no family reads or
+    whose model computes what tinygpt cannot (its weights are not read; a Hub name is checked
+    when it is downloaded)."""
+    folder = Path(source).expanduser()
+    if not (folder / "config.json").is_file():
+        return
+    config = hf.read_config(folder)
+    family = FAMILIES.get(config.get("model_type"))
+    if family is None:
+        raise TinyGPTError(
+            f"{folder} holds a {config.get('model_type')!r} model; tinygpt loads {', '.join(FAMILIES)} (config.json's model_type)"
+        )
+    try:
+        family.check(folder, config)
+    except (KeyError, TypeError, ValueError) as e:  # a field missing or of the wrong kind
+        raise TinyGPTError(
+            f"{folder / 'config.json'} is not a {config['model_type']} config ({type(e).__name__}: {e}); download the model again"
+        ) from None
+
+
+def load(source: str, dropout: float = 0.0):
+    """(GPT, tokenizer dict | None) of a Hugging Face model: a Hub name or a local folder."""
+    folder = hf.resolve_dir(source, HUB_MODELS)
+    check(str(folder))
+    config = hf.read_config(folder)
+    return FAMILIES[config.get("model_type")].load(folder, config, dropout)
+
+
+def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:
+    """Write `model` as the Hugging Face folder of the first family that computes it exactly
+    (GPT-2's block: GPT2LMHeadModel; Llama's: LlamaForCausalLM, Qwen2 or Qwen3); returns the
+    folder and the transformers class that loads it. Refused, naming what no family has."""
+    reasons = [gpt2.cannot_export(model.config), llama.cannot_export(model.config)]
+    if reasons[0] is not None and reasons[1] is not None:
+        raise TinyGPTError(
+            f"this model cannot be exported to GPT-2's format ({reasons[0]}) nor to Llama's ({reasons[1]}); "
+            f"retrain with one of the two blocks"
+        )
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    if reasons[0] is None:
+        gpt2.export(model, tokenizer, out)
+        return out, "GPT2LMHeadModel"
+    return out, llama.export(model, tokenizer, out)
