@@ -65,7 +65,7 @@ class StopRequest:
             self.request(name)
             raise Preempted(f"{name} received outside the training loop")
         self.request(name)
-        self._log(f"{name} received: finishing this step, then saving a checkpoint (Ctrl-C again to quit at once)")
+        self._log(f"{name} received: stopping after this step, with a checkpoint (Ctrl-C again to quit at once)")
 
     def __enter__(self) -> StopRequest:
         # Signal handlers can only be installed from the main thread (not e.g. in a notebook worker).
@@ -81,6 +81,8 @@ class StopRequest:
         return self
 
     def __exit__(self, *exc) -> None:
+        # What was there before, the early keeper included: under torchrun a signal between two
+        # jobs of a sweep is kept for the next one, never the end of one rank alone.
         for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is _keep else handler)
+            signal.signal(sig, handler)
         self._previous.clear()

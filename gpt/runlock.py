@@ -40,9 +40,25 @@ def _started(pid: int) -> str | None:
         return None
 
 
+def _pid_namespace() -> str | None:
+    """Which pid namespace this process lives in (Linux): two containers can share a host name
+    (docker --net=host, Kubernetes hostNetwork) but not their pids."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _local(owner: dict) -> bool:
+    """Whether the owner's pid can be probed from here: the same host, the same pid namespace
+    (a lock that names none was written before it was recorded: taken as the same)."""
+    ns = owner.get("ns")
+    return owner.get("host") == socket.gethostname() and (ns is None or ns == _pid_namespace())
+
+
 def _alive(owner: dict) -> bool:
     pid = owner.get("pid")
-    if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or os.name != "posix":
+    if not _local(owner) or not isinstance(pid, int) or os.name != "posix":
         return True  # not ours to probe: the heartbeat decides (see _stale)
     try:
         os.kill(pid, 0)
@@ -56,7 +72,7 @@ def _alive(owner: dict) -> bool:
 def _stale(run_dir: Path, owner: dict) -> bool:
     if not _alive(owner):
         return True
-    if owner.get("host") == socket.gethostname():
+    if _local(owner):
         return False
     try:
         beat = json.loads((run_dir / "summary.json").read_text()).get("heartbeat")
@@ -69,7 +85,7 @@ def _stale(run_dir: Path, owner: dict) -> bool:
 
 
 def _me() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
+    return {"host": socket.gethostname(), "ns": _pid_namespace(), "pid": os.getpid(), "started": _started(os.getpid())}
 
 
 def _is_me(owner: dict | None) -> bool:

@@ -17,10 +17,10 @@ says so and how to choose (`load_notice`); the count does not change. Oversubscr
 ruinous rather than slow (on 2 cores, two trainings of 2 threads each ran at 3.3 s per step where
 one alone takes 42 ms), so the notice matters on a shared machine.
 
-`threads=auto` opts in to the adaptive governor instead: the free cores at the start, looked at
-again as the run goes (at most once a second), giving threads up when other work comes and
-taking them back when it leaves. It trades bitwise reproducibility for throughput on a shared
-machine.
+`threads=auto` (on a CPU, over OMP_NUM_THREADS too) opts in to the adaptive governor instead:
+the free cores at the start, looked at again as the run goes (at most once a second), giving
+threads up when other work comes and taking them back when it leaves. It trades bitwise
+reproducibility for throughput on a shared machine.
 
 torch.set_num_threads is only called to change the count: once called, even with the count
 torch already had, every parallel region of this process wakes its threads through the kernel
@@ -146,18 +146,19 @@ class Threads:
         self.omp = omp_num_threads()
         if isinstance(requested, int):
             self._set(requested, "set in config")
-        elif self.omp is not None:
-            self._set(self.omp, "OMP_NUM_THREADS")
-        elif device.type != "cpu":  # the GPU computes: torch's default serves the host side
-            self.count, self.source = torch.get_num_threads(), "torch's default: the GPU computes"
-        elif requested == AUTO and self.load.readable:
+        elif requested == AUTO and device.type == "cpu" and self.load.readable:  # the setting, over the environment
             self.adaptive = True
             time.sleep(_START_WINDOW_S)  # a first look at what else runs (this process is idle meanwhile)
             busy = self.load.busy_elsewhere()
             self._wanted = self._fit(busy)
             self._set(self._wanted, f"threads=auto: {self.cores} cores{shared}" + (f", {busy} busy with other work" * bool(busy)))
+        elif self.omp is not None:
+            self._set(self.omp, "OMP_NUM_THREADS")
+        elif device.type != "cpu":  # the GPU computes: torch's default serves the host side
+            self.count, self.source = torch.get_num_threads(), "torch's default: the GPU computes"
         else:
-            self._set(self.share, f"{self.cores} cores{shared}")
+            unread = "; threads=auto: no load counters here to follow" if requested == AUTO else ""
+            self._set(self.share, f"{self.cores} cores{shared}{unread}")
 
     def _set(self, count: int, source: str) -> None:
         _set_threads(count)

@@ -47,7 +47,7 @@ def test_a_signal_while_a_distributed_command_starts_is_kept_for_the_run():
         with StopRequest(log=lambda *a: None, deferred=True) as stop:
             assert stop.requested and stop.reason == "SIGTERM"
             os.kill(os.getpid(), signal.SIGTERM)  # during set-up: still only the flag
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the early keeper is not put back
+        assert signal.getsignal(signal.SIGTERM) is preemption._keep  # kept again: a signal between two jobs waits
         preemption.defer_until_the_run_listens()
         os.kill(os.getpid(), signal.SIGTERM)
         with pytest.raises(Preempted, match="SIGTERM received outside the training loop"):

@@ -302,7 +302,8 @@ def _kill_after(data_root, run_dir: Path, step: int, delay: float) -> None:
 @pytest.mark.slow
 def test_a_resume_adopts_its_checkpoints_thread_count_and_ends_bitwise_equal(resumed, one_thread):
     log = resumed.resumed.log
-    assert "the count the checkpoint was trained with" in log and "notice: threads 1," in log, log
+    if _cores() >= 2:  # on one core the default is the checkpoint's count already: nothing to say
+        assert "the count the checkpoint was trained with" in log and "notice: threads 1," in log, log
     _assert_rows_match(_rows(resumed.resumed.dir)[resumed.rows_before :], one_thread.dir)
     _assert_same_end(resumed.resumed.dir, one_thread.dir)
 

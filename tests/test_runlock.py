@@ -143,7 +143,7 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     examined = []
     real = loading.resume_point
     monkeypatch.setattr(loading, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
-    assert claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"], []) == []  # a path: nothing to pin
+    assert claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"], []) == [f"hydra.run.dir='{tmp_path / 'a'}'"]
     assert json.loads((tmp_path / "a" / runlock.LOCK).read_text())["pid"] == os.getpid()
     RunLock(tmp_path / "a").acquire().release()  # the trainer, in this process, finds it its own
     assert (tmp_path / "a" / runlock.LOCK).exists() and len(examined) == 1
@@ -177,6 +177,20 @@ def test_an_interpolated_run_dir_is_resolved_once_and_locked(tmp_path, monkeypat
     assert not (tmp_path / "outputs" / "lr_fast").exists()
     for text in ("/tmp/my runs/a,b=c", "it's", "back\\slash", "end\\", "q\\'x", "$HOME/x"):
         assert OverridesParser.create().parse_override(f"hydra.run.dir={override_value(text)}").value() == text
+
+
+def test_a_quoted_run_dir_is_the_folder_hydra_reads(tmp_path, monkeypatch):
+    """hydra.run.dir='<a path with a space>' (the quoting the one-line errors advise) names the
+    folder without its quotes, and a quoted ~ is the home folder: the lock, the checks and
+    Hydra's writes all go there (the override's raw text made a folder named with its quotes)."""
+    from gpt.apps.train import claim_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for given, folder in ((f"'{tmp_path / 'my runs'}'", tmp_path / "my runs"), ("'~/runs/a'", tmp_path / "home" / "runs" / "a")):
+        pinned = claim_run_dir([f"hydra.run.dir={given}"], [])
+        assert pinned == [f"hydra.run.dir='{folder}'"] and (folder / runlock.LOCK).is_file()
+    assert not [p for p in tmp_path.iterdir() if "'" in p.name or p.name == "~"]
 
 
 def test_a_dead_owners_lock_is_taken_over_by_one_of_many_starts(tmp_path):
@@ -260,3 +274,15 @@ def test_a_filesystem_without_hard_links_still_gets_a_lock(tmp_path, monkeypatch
             _write_lock(tmp_path / "other", pid=1, started=None)
             RunLock(tmp_path / "other").acquire()  # pid 1 runs: held
     assert not (tmp_path / runlock.LOCK).exists()
+
+
+def test_a_live_owner_in_another_pid_namespace_is_not_taken_for_dead(tmp_path):
+    """Two containers on one host name (docker --net=host, Kubernetes hostNetwork): the other's
+    pid means nothing here, so only its heartbeat can say it is gone."""
+    _write_lock(tmp_path, pid=2**22 + 7, started="1", ns="pid:[4026531836-elsewhere]")  # no such pid here
+    (tmp_path / "summary.json").write_text(json.dumps({"heartbeat": time.time()}))
+    with pytest.raises(TinyGPTError, match="is being trained by process"):
+        RunLock(tmp_path).acquire()
+    _write_lock(tmp_path, pid=2**22 + 7, started="1")  # no namespace recorded (an older lock): probed here
+    with RunLock(tmp_path, log=lambda *_: None):
+        pass

@@ -45,14 +45,14 @@ def claim_run_dir(overrides: list[str], own: list[str]) -> list[str]:
     `${optim.lr}` in hydra.run.dir too) and locked first, in one atomic step, so that of two starts
     into one directory exactly one goes on and nothing of the other's run is read or moved
     meanwhile; then every check (`preflight`), and the earlier run's record kept aside. Returns
-    the override that pins Hydra to the directory resolved (none when it was given as a path)."""
+    the override that pins Hydra to the directory resolved."""
     from gpt import runlock
 
     if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks)
         preflight(common.compose("config", own, _COMMAND))
         return []
     cfg = common.compose_raw("config", overrides, _COMMAND, hydra=True)  # once: the run directory and the settings
-    run_dir, pinned = _resolve_run_dir(overrides, cfg)
+    run_dir, pinned = _resolve_run_dir(cfg)
     created = not run_dir.exists()
     lock = runlock.RunLock(run_dir, log=lambda m: print(m, file=sys.stderr))
     lock.acquire()
@@ -77,21 +77,20 @@ def _settings_without_hydra(cfg):
     return common.settings_of(cfg)
 
 
-def _resolve_run_dir(overrides: list[str], cfg) -> tuple[Path, list[str]]:
+def _resolve_run_dir(cfg) -> tuple[Path, list[str]]:
     """The run directory Hydra would make (from `cfg`, composed with Hydra's own settings), and
     the override that pins it: resolved once here, as a `${now:...}` resolved twice would name
     two directories."""
     from omegaconf import OmegaConf
 
-    given = dict(a.split("=", 1) for a in overrides).get("hydra.run.dir")
-    if given is not None and "${" not in given:
-        return Path(given).expanduser().absolute(), []
+    # Always from the composition, never the override's text: Hydra has parsed its quoting
+    # ('/x/my runs') and resolved its interpolations; and always pinned, expanded and absolute,
+    # so that Hydra writes where the lock was taken (it would not expand a quoted ~ itself).
     try:
         resolved = str(OmegaConf.select(cfg, "hydra.run.dir"))
     except Exception as e:  # an interpolation only Hydra's own run can resolve (${hydra:...})
-        raise TinyGPTError(
-            f"hydra.run.dir={given or cfg.hydra.run.dir!r} cannot be resolved before the run ({e}); name a folder"
-        ) from None
+        given = OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=False)
+        raise TinyGPTError(f"hydra.run.dir={given!r} cannot be resolved before the run ({e}); name a folder") from None
     if "${" in resolved:
         raise TinyGPTError(f"hydra.run.dir resolves to {resolved!r}, which names no folder; name one")
     run_dir = Path(resolved).expanduser().absolute()
@@ -177,10 +176,19 @@ def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
 
 
 def _refuse_files(overrides: list[str]) -> None:
-    values = dict(a.split("=", 1) for a in overrides)
-    for key in ("hydra.run.dir", "hydra.sweep.dir"):
-        if key in values and Path(values[key]).expanduser().exists() and not Path(values[key]).expanduser().is_dir():
-            raise TinyGPTError(f"{key}={values[key]} is a file; name a directory (new, or a run's own to resume it)")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for arg in overrides:
+        key = arg.split("=", 1)[0]
+        if key not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        try:
+            value = OverridesParser.create().parse_override(arg).value()  # its quoting as Hydra reads it
+        except Exception:  # unreadable: composing says so in one line
+            continue
+        path = Path(str(value)).expanduser()
+        if isinstance(value, str) and path.exists() and not path.is_dir():
+            raise TinyGPTError(f"{key}={value} is a file; name a directory (new, or a run's own to resume it)")
 
 
 def _keep_earlier_record(run_dir: Path, point) -> None:

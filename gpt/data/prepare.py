@@ -14,10 +14,10 @@ A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next ru
 from scratch, deterministically, to the same token stream.
 
 Reading every shard for its checksum at every start would cost minutes on a large corpus, so a
-shard checked once is stamped (`verified.json`: its size and mtime, with the hash of the meta it
-was checked against), and later starts check the CRC of a shard only when its stamp changed: any
-write to a shard changes its mtime. `verify=FULL` (data.verify=true) checks every shard anyway,
-for damage that kept size and mtime (bit rot, a copy that restored the mtime).
+shard checked once is stamped (`verified.json`: its size, mtime, inode and ctime, with the hash
+of the meta it was checked against), and later starts check the CRC of a shard only when its
+stamp changed: any write to a shard, or a copy put in its place, changes it. `verify=FULL`
+(data.verify=true) checks every shard anyway, for damage no stamp sees (bit rot on the disk).
 """
 
 from __future__ import annotations
@@ -98,8 +98,10 @@ def read_meta(out_dir: Path, expected_fingerprint: str, verify: str = STAMP, log
 
 
 def _stamp(path: Path) -> list[int]:
+    """Size, mtime, and the inode and ctime, which no copy can restore (cp -p, rsync -a and tar
+    set the mtime back, not the ctime): a shard replaced or rewritten in any way has a new stamp."""
     st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def _read_stamps(out_dir: Path, meta_bytes: bytes) -> dict:

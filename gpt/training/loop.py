@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gpt import architectures, distributed, runtime
+from gpt import architectures, checkpoint, distributed, runtime
 from gpt.config import SamplingSettings
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError, one_line, out_of_memory
@@ -39,6 +39,7 @@ class Trainer:
         self.overrides = list(overrides)
         self.t_start = started or time.time()
         self.elapsed_before = run.progress.elapsed_s  # a resumed run's time so far
+        self.saved_step = run.progress.step if run.progress.step > 0 else None  # a resumed run's is on disk
         self.peak_flops = runtime.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
         self.lr, self.tokens_per_s = 0.0, 0.0
         self.last_eval: dict[str, float] = dict(run.progress.last_eval)  # a resumed run's, until its next eval
@@ -90,7 +91,10 @@ class Trainer:
     def save(self, best: bool = False) -> Path | None:
         """A full-state checkpoint of the current step, and best.pt if `best` (see saving.save)."""
         self.run.progress.elapsed_s = self.elapsed()
-        return saving.save(self.run, self.last_eval, best, self.ts.keep_last)
+        path = saving.save(self.run, self.last_eval, best, self.ts.keep_last)
+        if path is not None and path.name == checkpoint.step_file(self.run.progress.step):
+            self.saved_step = self.run.progress.step
+        return path
 
     def elapsed(self) -> float:
         """Wall-clock seconds the run has taken so far, set-up included, over all its resumes (the
@@ -224,7 +228,9 @@ class Trainer:
 
     def _stop(self, stop: StopRequest) -> None:
         r = self.run
-        path = self.save()
+        # Saved already when the stop comes right after an eval's save, or before the first step
+        # of a resumed run: once is enough (a preemption's grace period is short).
+        path = checkpoint.latest(r.out_dir) if self.saved_step == r.progress.step else self.save()
         r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path or 'none'}")
 
     def _eval_and_save(self, step: int) -> None:

@@ -29,7 +29,8 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
             rng=rng,
             bad_steps=p.bad_total,
             bad_in_a_row=p.bad_in_a_row,
-            threads=run.rt.threads.count if run.rt.threads is not None else None,
+            # a CPU run's count (a resume takes it: gpt.threads); a GPU run's host threads decide nothing
+            threads=run.rt.threads.count if run.rt.threads is not None and run.rt.device.type == "cpu" else None,
             elapsed_s=p.elapsed_s,
             best_elapsed_s=p.best_elapsed_s,
         )

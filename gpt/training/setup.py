@@ -120,8 +120,9 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
     data = _load_data(cfg, dist, log)
     tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     resumed = checkpoint.load(source) if source else None
-    if resumed is not None and resumed.training is not None:  # its steps bitwise as if never stopped
-        notice = rt.threads.adopt(resumed.training.threads)
+    state = resumed.training if resumed is not None else None
+    if state is not None and len(state.rng) == dist.world_size:  # its steps bitwise as if never stopped
+        notice = rt.threads.adopt(state.threads)
         if notice:
             log(notice)
     _resolve_schedule(cfg, resumed, log)
@@ -156,7 +157,7 @@ def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log, p
     """The checkpoint this run continues from: as the command line found it (`point`, examined
     once), else found now. Rank 0 decides (other nodes may not share its view of the filesystem)."""
     if dist.is_main:
-        if point is None or Path(point.run_dir).resolve() != out_dir.resolve():
+        if point is None or point.run_dir is None or Path(point.run_dir).resolve() != out_dir.resolve():
             point = loading.resume_point(cfg.resume, out_dir)
         for path, reason in point.refused:  # newer checkpoints that cannot be resumed from
             aside = checkpoint.set_aside(path)

@@ -266,14 +266,21 @@ def test_a_start_reads_only_the_shards_whose_stamp_changed(tmp_path, monkeypatch
     assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]  # stamped anew
     assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.FULL) == meta
     assert read == ["train-0000.bin", "train-0000.bin", "val-0000.bin"]
-    # Damage that keeps size and mtime (bit rot, a copy that restored the mtime): only FULL sees it.
+    # A byte changed and the mtime set back (as cp -p or rsync -a would): the ctime moved, checked.
     before = shard.stat()
     data = bytearray(shard.read_bytes())
     data[10] ^= 0xFF
     shard.write_bytes(bytes(data))
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert prepare.read_meta(out, meta["fingerprint"]) == meta
     notices = []
+    assert prepare.read_meta(out, meta["fingerprint"], log=notices.append) is None
+    assert "train-0000.bin no longer matches its checksum" in notices[0]
+    # Damage no stamp sees (bit rot under an unchanged inode): a stamp that vouches for the
+    # damaged file, forged here; only FULL reads it.
+    raw = (out / "meta.json").read_bytes()
+    prepare.write_stamps(out, raw, {name: prepare._stamp(out / name) for name in ("train-0000.bin", "val-0000.bin")})
+    assert prepare.read_meta(out, meta["fingerprint"]) == meta
+    notices.clear()
     assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.FULL, log=notices.append) is None
     assert "train-0000.bin no longer matches its checksum" in notices[0]
 

@@ -309,3 +309,25 @@ def test_a_run_shorter_than_the_log_interval_reports_its_speed(tmp_path, data_ro
     summary = train(compose([*overrides, "train.sample_tokens=0"], tmp_path))
     assert summary["step"] == 3 and summary["tokens_per_s"] > 0
     assert json.loads((tmp_path / "summary.json").read_text())["tokens_per_s"] == summary["tokens_per_s"]
+
+
+def test_a_stop_right_after_an_eval_saves_once(tmp_path, data_root, monkeypatch):
+    """SIGTERM in the step before an eval: the eval saves that step, and the stop does not save
+    it a second time (a preemption's grace period is short); nor does a stop before the first
+    step of a resumed run rewrite the checkpoint it resumed from."""
+    from gpt.preemption import StopRequest
+    from gpt.training import saving
+
+    root, data_overrides = data_root
+    saved = []
+    real = saving.save
+    monkeypatch.setattr(saving, "save", lambda run, *a, **k: (saved.append(run.progress.step), real(run, *a, **k))[1])
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
+    _train_collecting(compose(overrides, tmp_path), stop_after=5)
+    assert saved == [5] and checkpoint.latest(tmp_path).name == checkpoint.step_file(5)
+    saved.clear()
+    stop = StopRequest(log=lambda *a: None)
+    stop.request("SIGTERM")  # as a signal kept through a distributed run's set-up
+    with pytest.raises(Preempted):
+        Trainer(build_run(compose(overrides, tmp_path))).fit(stop=stop)
+    assert saved == []  # ckpt-5, where it resumed from, is not written again
