@@ -140,8 +140,10 @@ def cannot_export(c) -> str | None:
         return f"model.pos_encoding={c.pos_encoding} (GPT-2 adds a learned position table; pos_encoding=learned)"
     if c.kv_heads != c.n_head:
         return f"model.n_kv_head={c.n_kv_head} (grouped-query attention; GPT-2 has as many key/value heads as query heads)"
-    if not c.bias or c.attn_bias != c.bias:
+    if not c.bias:
         return "model.bias=false (GPT-2's linear layers and LayerNorms have biases)"
+    if not c.attn_bias:
+        return "model.qkv_bias=false (GPT-2's q, k and v have biases like its other layers)"
     gpt2 = GPTConfig()
     for name in ("norm", "mlp", "qk_norm", "logit_softcap"):
         if getattr(c, name) != getattr(gpt2, name):

@@ -188,6 +188,8 @@ def cannot_export(c) -> str | None:
     for name, value in needs.items():
         if getattr(c, name) != value:
             return f"model.{name}={getattr(c, name)} (Llama's block has {name}={value})"
+    if c.bias and not c.attn_bias:
+        return "model.qkv_bias=false with model.bias=true (Llama's attention_bias puts biases on q, k, v and o alike)"
     if c.qk_norm and (c.bias or c.attn_bias):
         return "model.bias or model.qkv_bias with model.qk_norm (Qwen3, the class with QK-norm, has no such biases here)"
     return None

@@ -31,7 +31,7 @@ class GPTConfig:
     norm_eps: float = 1e-5  # added to the variance inside the square root
     mlp: str = "gelu"  # gelu (GPT-2) | swiglu (Llama: silu(gate) * up) | relu2 (ReLU squared, modded-nanogpt)
     mlp_hidden: int | None = None  # None: 4 n_embd, or for swiglu Llama's 2/3 of that rounded up to a multiple of 256
-    qk_norm: bool = False  # normalise each head's queries and keys (before RoPE), as OLMo 2 and Qwen3 do
+    qk_norm: bool = False  # normalise each head's queries and keys (before RoPE), as Qwen3 does
     tie_embeddings: bool = True  # the LM head shares the token embedding's matrix
     logit_softcap: float | None = None  # logits -> c tanh(logits / c): bounded, as in Gemma 2 and modded-nanogpt
     head_dim: int | None = None  # None: n_embd / n_head

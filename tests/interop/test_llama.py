@@ -50,6 +50,8 @@ SMOLLM2 = dict(
 )
 FAMILIES = {
     "llama": lambda **kw: LlamaConfig(**{**SMALL, **kw}),
+    "llama_biased": lambda **kw: LlamaConfig(**{**SMALL, "attention_bias": True, "mlp_bias": True, **kw}),  # q, k, v, o, MLP
+    "llama_tied": lambda **kw: LlamaConfig(**{**SMALL, "tie_word_embeddings": True, **kw}),
     "qwen2": lambda **kw: Qwen2Config(**{**SMALL, **kw}),  # biases on q, k, v
     "qwen3": lambda **kw: Qwen3Config(**{**SMALL, "head_dim": 16, **kw}),  # QK-norm, head_dim != hidden / heads
 }
@@ -83,15 +85,9 @@ def test_a_llama_family_model_loads_with_transformers_logits(tmp_path, family):
     ours, tokenizer = interop.load(str(folder))
     assert tokenizer is None  # no tokenizer files in this folder
     c = ours.config
-    assert (c.norm, c.mlp, c.pos_encoding, c.rope_theta, c.n_kv_head, c.tie_embeddings) == (
-        "rmsnorm",
-        "swiglu",
-        "rope",
-        500.0,
-        2,
-        False,
-    )
-    assert c.qk_norm == (family == "qwen3") and c.attn_bias == (family == "qwen2") and not c.bias
+    assert (c.norm, c.mlp, c.pos_encoding, c.rope_theta, c.n_kv_head) == ("rmsnorm", "swiglu", "rope", 500.0, 2)
+    assert c.tie_embeddings == (family == "llama_tied") and c.qk_norm == (family == "qwen3")
+    assert c.attn_bias == (family in ("qwen2", "llama_biased")) and c.bias == (family == "llama_biased")
     assert _diff(ours, hf, torch.randint(0, 64, (3, 32))) <= TOL
 
 
@@ -141,7 +137,7 @@ def test_import_then_export_is_bitwise_and_loads_in_transformers(tmp_path, famil
     from gpt.tokenizer import ByteTokenizer
 
     out, cls = interop.export(ours, ByteTokenizer(), tmp_path / "out")
-    assert cls == llama.ARCHITECTURES[family]
+    assert cls == llama.ARCHITECTURES[family.split("_")[0]]
     from safetensors.torch import load_file
 
     original, written = load_file(str(folder / "model.safetensors")), load_file(str(out / "model.safetensors"))
