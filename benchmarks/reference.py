@@ -5,13 +5,14 @@ ratio measured in one run. Two comparisons:
 
     python benchmarks/reference.py step [--steps 200] [--repeats 3] [--optim adamw]
         One process: the reference step and tinygpt's step alternated A B A B (--repeats pairs,
-        --steps timed steps each after 10 warm-up steps), same model shape, same data, same
-        threads. Prints each block, the medians, the ratio, and the user / system CPU seconds
-        per step of each (getrusage: all threads of the process).
+        --steps timed steps each after 10 warm-up steps), same model shape and block (GPT-2's:
+        model=gpt-micro), same data, same threads. Prints each block, the medians, the ratio,
+        and the user / system CPU seconds per step of each (getrusage: all threads of the
+        process).
 
     python benchmarks/reference.py e2e [--repeats 3] [--target 1.89] [tinygpt overrides ...]
         Whole processes alternated: the reference recipe (`reference.py run`) then `python
-        train.py` (the quickstart unless overrides say otherwise), --repeats times; each is
+        train.py` (the quickstart, model=gpt-micro-modern, unless overrides say otherwise), --repeats times; each is
         timed from its start until its first eval with val <= --target (then stopped), with the
         CPU time its process used (user / system).
 
@@ -160,7 +161,13 @@ def compare_steps(args) -> None:
     from gpt.training import Trainer, build_run
 
     logger.disabled = True
-    overrides = [f"optim={args.optim}", "train.sample_tokens=0", f"paths.output_dir={REPO / 'outputs' / 'bench-reference'}"]
+    # model=gpt-micro: the reference's own block (GPT-2's), so a step compares like with like
+    overrides = [
+        "model=gpt-micro",
+        f"optim={args.optim}",
+        "train.sample_tokens=0",
+        f"paths.output_dir={REPO / 'outputs' / 'bench-reference'}",
+    ]
     trainer = Trainer(build_run(compose("config", overrides, "python benchmarks/reference.py")))
     threads = torch.get_num_threads()  # what tinygpt chose; the reference runs with the same
     train_tokens, _, vocab = prepared_tokens()
@@ -279,7 +286,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--target", type=float, default=1.89)
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()  # overrides before or after the options
     {"step": compare_steps, "e2e": compare_e2e, "run": reference_run}[args.mode](args)
 
 

@@ -131,7 +131,9 @@ def test_root_configs_only_pick_groups():
 def test_the_default_config_is_the_schema_defaults():
     settings = compose("config", [])
     assert settings.train == TrainSettings() and settings.finetune == FinetuneSettings() and settings.paths == PathsSettings()
-    assert settings.optim == MuonSettings() and settings.model == GPTSettings(name="gpt-micro")
+    assert settings.optim == MuonSettings() and compose("config", ["model=gpt-micro"]).model == GPTSettings(name="gpt-micro")
+    modern = GPTSettings(name="gpt-micro-modern", norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False)
+    assert settings.model == modern  # the quickstart's preset: the defaults with today's block
     assert compose("config", ["optim=adamw"]).optim == AdamWSettings()
     assert {
         f.name: getattr(settings, f.name)

@@ -65,7 +65,7 @@ def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:
     if reasons[0] is not None and reasons[1] is not None:
         raise TinyGPTError(
             f"this model cannot be exported to GPT-2's format ({reasons[0]}) nor to Llama's ({reasons[1]}); "
-            f"retrain with one of the two blocks"
+            f"retrain with one of the two blocks (e.g. model=gpt-micro or model=llama-nano)"
         )
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)

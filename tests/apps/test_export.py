@@ -26,6 +26,19 @@ def test_export_command(tmp_path, trained_run, data_root):
     assert_one_line_error(run_script("export", [f"run_dir={tmp_path / 'nope'}", "out=x"], tmp_path, root), "nope does not exist")
 
 
+def test_the_quickstarts_block_is_refused_with_the_presets_that_export(tmp_path, data_root):
+    """The quickstart's block (RMSNorm and RoPE with GPT-2's GELU MLP) is neither GPT-2 nor Llama:
+    one line that names the setting each format lacks and the presets that export; no folder."""
+    root, data = data_root
+    block = ["model.norm=rmsnorm", "model.pos_encoding=rope", "model.qk_norm=true", "model.bias=false"]
+    trained = run_script("train.py", ["debug=tiny", *data, *block, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, root)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    refused = run_script("export", [f"run_dir={tmp_path / 'run'}", f"out={tmp_path / 'hf'}"], tmp_path, root)
+    assert_one_line_error(refused, "model.pos_encoding=rope")
+    assert "model.mlp=gelu" in refused.stderr and "model=gpt-micro or model=llama-nano" in refused.stderr
+    assert not (tmp_path / "hf").exists()
+
+
 @pytest.mark.slow
 def test_a_llama_folder_through_the_commands(tmp_path, data_root):
     """A LlamaForCausalLM folder with its tokenizer.json, as a user has one on disk: sampled,
