@@ -29,6 +29,31 @@ def run_script(
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=stdin)
 
 
+def train_recording_losses(cfg, stop_after: int | None = None) -> dict[int, float]:
+    """Train `cfg` in this process and return its loss at every step; with `stop_after`, SIGTERM
+    this process after that step (the real preemption path) and expect the clean stop."""
+    import signal
+
+    import pytest
+
+    from gpt.preemption import Preempted
+    from gpt.training import train
+
+    losses: dict[int, float] = {}
+
+    def on_step(step: int, loss: float) -> None:
+        losses[step] = loss
+        if step == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    if stop_after is None:
+        train(cfg, on_step=on_step)
+    else:
+        with pytest.raises(Preempted):
+            train(cfg, on_step=on_step)
+    return losses
+
+
 def sigterm_after_step_5(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str, str]:
     """Start a training command, SIGTERM it once it has logged step 5, and wait for it to end.
     Returns (exit status, stdout, stderr)."""

@@ -7,9 +7,6 @@ Run: pytest tests/test_block_options.py"""
 
 from __future__ import annotations
 
-import os
-import signal
-
 import numpy as np
 import pytest
 import torch
@@ -19,9 +16,7 @@ from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.evaluation import evaluate_tokens
 from gpt.generation import generate
-from gpt.preemption import Preempted
-from gpt.training import train
-from helpers import compose
+from helpers import compose, train_recording_losses
 
 OPTIONS = {
     "rmsnorm": ["model.norm=rmsnorm"],
@@ -48,19 +43,7 @@ RUN = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5", "train.sampl
 
 
 def _train(overrides, out, stop_after=None) -> dict[int, float]:
-    losses: dict[int, float] = {}
-
-    def on_step(step: int, loss: float) -> None:
-        losses[step] = loss
-        if step == stop_after:
-            os.kill(os.getpid(), signal.SIGTERM)  # the real preemption path, in-process
-
-    if stop_after is None:
-        train(compose(overrides, out), on_step=on_step)
-    else:
-        with pytest.raises(Preempted):
-            train(compose(overrides, out), on_step=on_step)
-    return losses
+    return train_recording_losses(compose(overrides, out), stop_after)
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))

@@ -21,26 +21,10 @@ from gpt.errors import TinyGPTError
 from gpt.preemption import Preempted
 from gpt.training import Trainer, build_run, train
 from gpt.training import step as steps
-from helpers import ENGINE_RUN, compose, poison_forward
+from helpers import ENGINE_RUN, compose, poison_forward, train_recording_losses
 
 # 30 steps, evals every 10, a loss logged at every step
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
-
-
-def _train_collecting(cfg: dict, stop_after: int | None = None) -> dict[int, float]:
-    losses: dict[int, float] = {}
-
-    def on_step(step: int, loss: float) -> None:
-        losses[step] = loss
-        if step == stop_after:
-            os.kill(os.getpid(), signal.SIGTERM)  # the real preemption path, in-process
-
-    if stop_after is None:
-        train(cfg, on_step=on_step)
-    else:
-        with pytest.raises(Preempted):
-            train(cfg, on_step=on_step)
-    return losses
 
 
 @pytest.mark.parametrize("stop_at, accum, optim", [(13, 1, "adamw"), (10, 2, "adamw"), (13, 1, "muon")])
@@ -55,13 +39,13 @@ def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, acc
         f"train.grad_accum_steps={accum}",
         f"optim={optim}",
     ]
-    full = _train_collecting(compose(overrides, tmp_path / "full"))
+    full = train_recording_losses(compose(overrides, tmp_path / "full"))
     assert sorted(full) == list(range(1, 31))
 
-    first = _train_collecting(compose(overrides, tmp_path / "split"), stop_after=stop_at)
+    first = train_recording_losses(compose(overrides, tmp_path / "split"), stop_after=stop_at)
     assert sorted(first) == list(range(1, stop_at + 1))  # stopped after finishing that step
     assert checkpoint.latest(tmp_path / "split").name == checkpoint.step_file(stop_at)
-    rest = _train_collecting(compose(overrides, tmp_path / "split"))  # same run dir: resume=auto
+    rest = train_recording_losses(compose(overrides, tmp_path / "split"))  # same run dir: resume=auto
     assert sorted(rest) == list(range(stop_at + 1, 31))
     assert {**first, **rest} == full  # bitwise: same floats at every step
     a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)) for d in ("full", "split"))
@@ -76,7 +60,7 @@ def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
     overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"]
     train(compose(overrides, tmp_path / "a"))
     before = {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()}
-    more = _train_collecting(compose([*overrides, "train.max_iters=40", f"resume={tmp_path / 'a'}"], tmp_path / "b"))
+    more = train_recording_losses(compose([*overrides, "train.max_iters=40", f"resume={tmp_path / 'a'}"], tmp_path / "b"))
     assert sorted(more) == list(range(31, 41))
     assert {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()} == before
     assert checkpoint.latest(tmp_path / "b").name == "ckpt-0000040.pt"
@@ -208,7 +192,6 @@ def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_p
     unsaved: `Preempted` at once (the command exits 0 with its resume line), the earlier summary
     and checkpoints as they were."""
     import os
-    import signal
 
     import gpt.training as training
     from gpt.preemption import Preempted
@@ -323,7 +306,7 @@ def test_a_stop_right_after_an_eval_saves_once(tmp_path, data_root, monkeypatch)
     real = saving.save
     monkeypatch.setattr(saving, "save", lambda run, *a, **k: (saved.append(run.progress.step), real(run, *a, **k))[1])
     overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
-    _train_collecting(compose(overrides, tmp_path), stop_after=5)
+    train_recording_losses(compose(overrides, tmp_path), stop_after=5)
     assert saved == [5] and checkpoint.latest(tmp_path).name == checkpoint.step_file(5)
     saved.clear()
     stop = StopRequest(log=lambda *a: None)
