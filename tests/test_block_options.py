@@ -34,6 +34,7 @@ OPTIONS = {
         "model.mlp_hidden=48",
         "model.n_kv_head=1",
     ],
+    "quickstart": ["model=gpt-micro-modern", "model.n_layer=1", "model.n_head=3", "model.n_embd=18"],  # the default's block
     "modern": [  # modded-nanogpt's and nanochat's choices together
         *("model.norm=rmsnorm", "model.mlp=relu2", "model.pos_encoding=rope", "model.qk_norm=true"),
         *("model.bias=false", "model.logit_softcap=15.0", "model.tie_embeddings=false"),
@@ -114,7 +115,7 @@ def _exports_or_refuses(loaded, out, option) -> None:
     except TinyGPTError as e:
         # the first setting each format lacks (qk_norm here rides on GPT-2's LayerNorm: Llama's block needs RMSNorm)
         named = {"relu2": "mlp=relu2", "qk_norm": "norm=layernorm", "softcap": "logit_softcap", "rmsnorm": "norm=rmsnorm"}
-        named |= {"swiglu": "mlp=swiglu", "no_bias": "bias=false", "modern": "mlp=relu2"}
+        named |= {"swiglu": "mlp=swiglu", "no_bias": "bias=false", "modern": "mlp=relu2", "quickstart": "mlp=gelu"}
         assert option in named and f"model.{named[option]}" in str(e), str(e)  # the refusal names the option
         assert "\n" not in str(e) and not out.exists()
         return
