@@ -91,6 +91,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()  # overrides before or after the options
     names = [n for n in args.only.split(",") if n] or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     work = Path(tempfile.mkdtemp(prefix="tinygpt-blocks-"))
     results: dict[str, list[dict]] = {n: [] for n in names}
     for round_ in range(args.repeats):
