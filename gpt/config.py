@@ -196,6 +196,9 @@ class DataSettings:
     shard_tokens: int = 100_000_000  # tokens per .bin shard
     # check every shard's CRC-32 at start; false: only shards whose size or mtime changed since checked
     verify: bool = False
+    # auto: local/disk records with "messages" (or Alpaca's instruction/output) are conversations
+    # (gpt.chat), anything else text | text | chat (say so for Hub conversation sets)
+    format: str = "auto"
 
     def __post_init__(self) -> None:
         check_types(self, "data")
@@ -203,6 +206,8 @@ class DataSettings:
             raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
         if self.split_by not in ("documents", "tail"):
             raise TinyGPTError(f"data.split_by={self.split_by!r} is unknown; use documents or tail")
+        if self.format not in ("auto", "text", "chat"):
+            raise TinyGPTError(f"data.format={self.format!r} is unknown; use auto, text or chat")
         if self.source == MISSING:
             raise TinyGPTError("data.source is required: pick a dataset with data=<name>, or set data.source.kind=...")
         _at_least(self, "data", 1, ("num_proc", "max_docs", "max_tokens", "shard_tokens"))
@@ -467,6 +472,21 @@ class SampleConfig(SamplingSettings, ModelChoice):
 
 
 @dataclass
+class ChatConfig(SamplingSettings, ModelChoice):
+    """`tinygpt chat`: talk to a model finetuned on conversations (gpt.chat)."""
+
+    max_new_tokens: int = 256  # per reply
+    system: str | None = None  # a system message that opens the conversation (kept when old turns are dropped)
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: Any = None  # CPU threads: N | null (OMP_NUM_THREADS, else the cores) | auto (follow the load)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.threads = check_threads(self.threads)
+
+
+@dataclass
 class ServeConfig(ModelChoice):
     """`python serve.py` / `tinygpt serve`: a web playground and an OpenAI-compatible completions
     API (gpt/serve/). Request limits are here; each request's sampling controls come with it."""
@@ -505,7 +525,7 @@ class ServeConfig(ModelChoice):
 class TaskSettings:
     """A zero-shot task (`tinygpt eval task=<name>`; the tasks and their default sources: gpt/tasks.py)."""
 
-    name: str = MISSING  # hellaswag | lambada | arc_easy | arc_challenge
+    name: str = MISSING  # hellaswag | lambada | arc_easy | arc_challenge | chat (replies to held-out conversations)
     path: str | None = None  # its items: a .jsonl/.parquet file, folder or glob, or a save_to_disk folder;
     # null: <data root>/tasks/<name>.jsonl when there, else the task's Hub dataset
     limit: int | None = None  # score the first this many items; null: all
@@ -603,6 +623,7 @@ def register_schemas() -> None:
         ("schema_export", ExportConfig),
         ("schema_sweep", SweepConfig),
         ("schema_serve", ServeConfig),
+        ("schema_chat", ChatConfig),
     ):
         store.store(name=name, node=node)
     store.store(group="model", name="schema_gpt", node=GPTSettings)

@@ -10,19 +10,25 @@ from gpt import architectures, loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
 from gpt.lora import apply_lora
-from gpt.tokenizer import require_same
+from gpt.tokenizer import require_same, without_template
 
 
-def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print):
-    """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data."""
-    loaded = loading.load(str(source), dropout=dropout)
+def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print, loaded=None):
+    """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data.
+    `loaded`: the source, when the caller has loaded it already. A base without the chat
+    template that the data has (conversations) gets the template's tokens (add_chat_tokens)."""
+    loaded = loaded or loading.load(str(source), dropout=dropout)
     model = loaded.model.train()
+    data_spec = data_tokenizer.to_dict()
+    adds_template = bool(data_spec.get("chat")) and not loaded.tokenizer_spec.get("chat")
     require_same(
         loaded.tokenizer_spec,
-        data_tokenizer.to_dict(),
+        without_template(data_spec) if adds_template else data_spec,
         f"init_from={source} was trained with another tokenizer than the data's",
         "pick data prepared with the same tokenizer",
     )
+    if adds_template:
+        add_chat_tokens(model, data_tokenizer, log)
     crop = ft.block_size
     if crop and crop < model.config.block_size:
         if getattr(model.config, "pos_encoding", None) == "learned":  # keep the first `crop` positions
@@ -30,6 +36,51 @@ def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: fl
         model.config.block_size = crop
     log(f"initialised from {source}: {architectures.summary(model.config)}")
     return model
+
+
+def add_chat_tokens(model, tokenizer, log=print) -> None:
+    """Give the chat template's special tokens (ids base vocab .. +3) embeddings and output rows:
+    each the mean of the base's rows over its ordinary vocabulary, in the input table and in an
+    untied LM head alike. Why the mean: a new input row near the average token changes what the
+    base computes least, and a new output row equal to the mean gives each new token a logit
+    near the average one, so the base's predictions barely move before finetuning starts (a
+    random row can give a new token a large logit and spike the first losses; Hewitt, 2021). A
+    model whose table is padded past its tokenizer already has the rows; they get the mean too,
+    since nothing trained them."""
+    base_vocab, need = tokenizer.base.vocab_size, tokenizer.vocab_size
+    emb = _token_table(model)
+    head = model.lm_head
+    tied = head.weight is emb.weight
+    with torch.no_grad():
+        if emb.num_embeddings < need:
+            grown = torch.nn.Embedding(need, emb.embedding_dim, dtype=emb.weight.dtype, device=emb.weight.device)
+            grown.weight[: emb.num_embeddings] = emb.weight
+            if hasattr(model, "transformer"):
+                model.transformer.wte = grown
+            else:
+                model.embedding = grown
+            if tied:
+                head.weight = grown.weight
+            emb = grown
+        if not tied and head.out_features < need:
+            grown = torch.nn.Linear(head.in_features, need, bias=head.bias is not None, dtype=head.weight.dtype)
+            grown.weight[: head.out_features] = head.weight
+            if head.bias is not None:
+                grown.bias[: head.out_features] = head.bias
+                grown.bias[head.out_features :] = head.bias[:base_vocab].mean()
+            model.lm_head = head = grown
+        emb.weight[base_vocab:need] = emb.weight[:base_vocab].mean(dim=0)
+        if not tied:
+            head.weight[base_vocab:need] = head.weight[:base_vocab].mean(dim=0)
+    model.config.vocab_size = max(model.config.vocab_size, need)
+    model.new_token_rows = (base_vocab, need)  # prepare_finetune keeps them trainable under LoRA
+    log(
+        f"chat template: {need - base_vocab} special tokens added (ids {base_vocab}-{need - 1}), initialised to the mean embedding"
+    )
+
+
+def _token_table(model) -> torch.nn.Embedding:
+    return model.transformer.wte if hasattr(model, "transformer") else model.embedding
 
 
 def prepare_finetune(model, ft: FinetuneSettings, log=print) -> dict | None:
@@ -41,6 +92,13 @@ def prepare_finetune(model, ft: FinetuneSettings, log=print) -> dict | None:
         n = apply_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_dropout)
         lora = {"rank": ft.lora_rank, "alpha": ft.lora_alpha}
         log(f"LoRA rank {ft.lora_rank} on {n} projections; all other weights frozen")
+        if getattr(model, "new_token_rows", None):
+            # New tokens' rows must learn, or every template token would keep the same mean row
+            # (as PEFT's modules_to_save does when tokens are added): the token table and the LM
+            # head train in full beside the adapters.
+            for p in {id(p): p for p in (_token_table(model).weight, model.lm_head.weight)}.values():
+                p.requires_grad_(True)
+            log("the token table and LM head train too: the chat template's new tokens need their own rows")
     frozen = []
     if ft.freeze_embeddings:
         for name in ("wte", "wpe"):

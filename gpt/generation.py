@@ -203,11 +203,13 @@ class TextRow:
     done: bool = False
 
 
-def encode_prompt(tokenizer, prompt: str, block_size: int | None) -> list[int]:
-    """Tokens for a prompt. An empty prompt starts from end-of-text (or a newline when the
-    tokenizer has no such token); a prompt longer than the context keeps its last block_size
-    tokens, with a notice."""
-    if prompt == "":
+def encode_prompt(tokenizer, prompt: str | list[int], block_size: int | None) -> list[int]:
+    """Tokens for a prompt: text, or ids already (a rendered conversation). An empty prompt
+    starts from end-of-text (or a newline when the tokenizer has no such token); a prompt longer
+    than the context keeps its last block_size tokens, with a notice."""
+    if isinstance(prompt, list):
+        ids = list(prompt)
+    elif prompt == "":
         eot = getattr(tokenizer, "eot_id", None)
         if eot is not None:
             return [eot]
@@ -217,14 +219,17 @@ def encode_prompt(tokenizer, prompt: str, block_size: int | None) -> list[int]:
             raise TinyGPTError(
                 "the prompt is empty and this tokenizer has no end-of-text token or newline; give a prompt"
             ) from None
-    ids = tokenizer.encode(prompt)
+    else:
+        ids = tokenizer.encode(prompt)
     if block_size is not None and len(ids) > block_size:
         logger.warning(f"notice: the prompt has {len(ids)} tokens; the model sees only the last {block_size} (its context)")
         ids = ids[-block_size:]
     return ids
 
 
-def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, num_samples: int) -> Iterator[tuple[int, str]]:
+def _generate_rows(
+    model, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int
+) -> Iterator[tuple[int, str]]:
     """Yield (row, new text) pieces as rows progress. Row r is sample r % num_samples of prompt
     r // num_samples and draws from seed cfg.seed + r % num_samples, so results do not depend
     on how prompts are batched."""
@@ -235,7 +240,9 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, 
     seeds = [cfg.seed + s for _ in encoded for s in range(num_samples)]
     decoder = Decoder(model, row_prompts, cfg, seeds)
     rows = [TextRow() for _ in row_prompts]
-    eot = getattr(tokenizer, "eot_id", None) if cfg.stop_at_eot else None
+    # End-of-text ends a sample; under a chat template, so does the end of a turn (or the start of
+    # another one).
+    stops = (getattr(tokenizer, "stop_ids", None) or {getattr(tokenizer, "eot_id", None)}) if cfg.stop_at_eot else set()
 
     was_training = model.training
     model.eval()
@@ -245,7 +252,7 @@ def _generate_rows(model, tokenizer, prompts: list[str], cfg: SamplingSettings, 
             for r, (row, tok) in enumerate(zip(rows, next_ids)):
                 if row.done:
                     continue
-                if tok == eot:  # the end: show whatever was held back for a stop string or a partial character
+                if tok in stops:  # the end: show whatever was held back for a stop string or a partial character
                     piece = tokenizer.decode(row.ids)[len(row.emitted) :]
                     row.emitted += piece
                     row.done = True
@@ -295,8 +302,10 @@ def advance_text(row: TextRow, full: str, stops: tuple[str, ...]) -> str:
 
 
 @torch.no_grad()
-def generate(model: GPT, tokenizer, prompts: list[str], cfg: SamplingSettings, num_samples: int = 1) -> list[list[str]]:
-    """Continuations of each prompt: result[i][j] is sample j of prompts[i]."""
+def generate(
+    model: GPT, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int = 1
+) -> list[list[str]]:
+    """Continuations of each prompt (text, or ids): result[i][j] is sample j of prompts[i]."""
     texts = [""] * (len(prompts) * num_samples)
     for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples):
         texts[r] += piece
@@ -304,7 +313,7 @@ def generate(model: GPT, tokenizer, prompts: list[str], cfg: SamplingSettings, n
 
 
 @torch.no_grad()
-def stream(model: GPT, tokenizer, prompt: str, cfg: SamplingSettings, sample_index: int = 0) -> Iterator[str]:
+def stream(model: GPT, tokenizer, prompt: str | list[int], cfg: SamplingSettings, sample_index: int = 0) -> Iterator[str]:
     """Yield the continuation of one prompt piece by piece, as it is generated. Gives the same
     text as sample `sample_index` of `generate` with the same config."""
     cfg = replace(cfg, seed=cfg.seed + sample_index)

@@ -19,6 +19,7 @@ import inspect
 from pathlib import Path
 from typing import Protocol
 
+from gpt.chat.template import with_template
 from gpt.errors import TinyGPTError
 from gpt.hf_tokenizer import HFTokenizer, TrainedBPE
 
@@ -180,26 +181,29 @@ _KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenToke
 
 def normalize_spec(d: dict) -> dict:
     """The settings that matter for this kind of tokenizer: `data.tokenizer.kind=byte` on top of
-    a BPE config leaves name/ranks_file behind, and they must neither break nor fingerprint it."""
+    a BPE config leaves name/ranks_file behind, and they must neither break nor fingerprint it.
+    A chat template (the "chat" entry, gpt.chat) stays: it adds tokens."""
     kind = d.get("kind")
     if kind not in _KINDS:
         raise TinyGPTError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(_KINDS)}")
     accepted = set(inspect.signature(_KINDS[kind].__init__).parameters) - {"self"}
-    return {"kind": kind, **{k: v for k, v in d.items() if k in accepted}}
+    chat = {"chat": d["chat"]} if d.get("chat") else {}
+    return {"kind": kind, **{k: v for k, v in d.items() if k in accepted}, **chat}
 
 
 def tokenizer_identity(d: dict) -> dict:
     """What decides the token ids: not where a ranks file lives (its size, `vocab_size`, is part
     of the identity when known), and gpt2 is r50k_base."""
     spec = normalize_spec(d)
+    chat = {"chat": spec.pop("chat")} if "chat" in spec else {}
     if spec["kind"] in ("bpe", "hf"):
         if spec.get("json_text"):  # the tokenizer itself, not where it came from
-            return {"kind": spec["kind"], "sha256": _sha256(spec["json_text"])}
-        return {k: v for k, v in spec.items() if k != "vocab_size" or spec["kind"] == "bpe"}
+            return {"kind": spec["kind"], "sha256": _sha256(spec["json_text"]), **chat}
+        return {k: v for k, v in spec.items() if k != "vocab_size" or spec["kind"] == "bpe"} | chat
     spec.pop("ranks_file", None)
     if spec.get("name") == "gpt2":
         spec["name"] = "r50k_base"
-    return spec
+    return spec | chat
 
 
 def _sha256(text: str) -> str:
@@ -210,6 +214,8 @@ def _sha256(text: str) -> str:
 
 def describe(d: dict) -> str:
     """A tokenizer's dict form in a few words: 'char (65 characters)', 'tiktoken r50k_base (50,257 tokens)'."""
+    if d.get("chat"):
+        return f"{describe({k: v for k, v in d.items() if k != 'chat'})} + chat template {d['chat'].get('template')}"
     spec = tokenizer_identity(d)
     if spec["kind"] == "char":
         return f"char ({len(spec.get('chars') or ())} characters)"
@@ -245,4 +251,10 @@ def require_same(model: dict, data: dict, mismatch: str, fix: str) -> None:
 
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     spec = normalize_spec(d)
-    return _KINDS[spec.pop("kind")](**spec)
+    chat = spec.pop("chat", None)
+    return with_template(_KINDS[spec.pop("kind")](**spec), chat)
+
+
+def without_template(d: dict) -> dict:
+    """The dict form of a tokenizer without its chat template: the base it extends."""
+    return {k: v for k, v in d.items() if k != "chat"}

@@ -243,6 +243,32 @@ def records(src: SourceSettings, data_root: Path, log=print) -> Iterator[dict]:
     return SOURCES[src.kind].records(src, data_root, log)
 
 
+def first_record(src: SourceSettings, data_root: Path) -> dict | None:
+    """The first record of local .jsonl/.json/.parquet files or of a save_to_disk folder, read
+    without the datasets library's builders (one line, one row); None for other sources, text
+    files, or nothing readable (the full read reports that properly)."""
+    import json
+
+    try:
+        if src.kind == "local":
+            files = local_files(str(src.path))
+            if files[0].suffix == ".jsonl":
+                with open(files[0], encoding="utf-8") as f:
+                    line = next((line for line in f if line.strip()), None)
+                return json.loads(line) if line else None
+            if files[0].suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                rows = pq.ParquetFile(files[0]).iter_batches(batch_size=1)
+                return next(rows).to_pylist()[0]
+        if src.kind == "disk":
+            dataset = _disk_dataset(src)
+            return dataset[0] if len(dataset) else None
+    except (OSError, ValueError, StopIteration, IndexError, TinyGPTError):
+        return None
+    return None
+
+
 def _hub_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
     return iter(_hub_dataset(src)[0])
 

@@ -14,11 +14,12 @@ from gpt.model.layers import make_mlp, make_norm, rope_tables, sinusoidal_table
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
-    """Mean cross-entropy of logits (B, T, V) against targets (B, T); None without targets.
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T), over the targets that are
+    not -1 (positions a finetune does not train: a chat's prompt, padding); None without targets.
     Upcast first: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy."""
     if targets is None:
         return None
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
 class Block(nn.Module):

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from gpt import architectures, checkpoint, distributed, runtime
+from gpt.chat.data import first_turn
 from gpt.config import SamplingSettings
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError, one_line, out_of_memory
@@ -67,8 +68,8 @@ class Trainer:
         r = self.run
         r.step_model.eval()
         out = {}
-        for i, (split, tokens) in enumerate((("train", r.data.train), ("val", r.data.val))):
-            batches = r.windows(tokens, self.ts.batch_size, seed=r.cfg.seed + 1 + i)
+        for i, split in enumerate(("train", "val")):
+            batches = r.batches_for(split, self.ts.batch_size, seed=r.cfg.seed + 1 + i)
             total = torch.zeros((), device=r.rt.device)
             for _ in range(self.ts.eval_iters):
                 x, y = batches.next()
@@ -102,10 +103,16 @@ class Trainer:
         return self.elapsed_before + time.time() - self.t_start
 
     def sample(self, n_tokens: int) -> str:
-        """A sample from the model as it is now (what training shows at evals and at the end)."""
-        with self.run.rt.autocast():
-            settings = SamplingSettings(max_new_tokens=n_tokens, seed=self.run.cfg.seed)
-            return generate(self.run.model, self.run.data.tokenizer, [""], settings)[0][0]
+        """A sample from the model as it is now (what training shows at evals and at the end): a
+        continuation of nothing, or on conversations, the reply to the first val conversation's
+        first user turn, shown after that turn."""
+        r = self.run
+        prompt, shown = [], ""
+        if r.data.chat is not None:
+            prompt, shown = first_turn(r.data.chat["val"], r.data.tokenizer)
+        with r.rt.autocast():
+            settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
+            return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings)[0][0]
 
     # --- fit --------------------------------------------------------------------------------------
 

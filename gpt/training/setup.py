@@ -70,6 +70,23 @@ class Run:
     def ckpt_dir(self) -> Path:
         return self.out_dir / checkpoint.CKPT_DIR
 
+    def batches_for(self, split: str, batch_size: int, seed: int):
+        """This rank's batches of a split: random windows of the context over text, whole
+        conversations (gpt.chat.data) over chat data."""
+        if self.data.chat is not None:
+            from gpt.chat.data import ConversationBatches
+
+            return ConversationBatches(
+                self.data.chat[split],
+                self.model_config.block_size,
+                batch_size,
+                self.rt.device,
+                seed=seed,
+                rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            )
+        return self.windows(getattr(self.data, split), batch_size, seed)
+
     def windows(self, tokens, batch_size: int, seed: int) -> RandomWindows:
         """Random training windows of this run's context from `tokens`, this rank's share."""
         return RandomWindows(
@@ -117,23 +134,29 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
     # generator, seeded alike on every rank; see RandomWindows.)
     runtime.seed_everything(cfg.seed + dist.rank)
 
-    data = _load_data(cfg, dist, log)
-    tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     resumed = checkpoint.load(source) if source else None
+    # The weights a new finetune starts from, loaded once: conversations are tokenized with their
+    # tokenizer (a resumed finetune's checkpoint has it).
+    base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout)) if cfg.init_from and resumed is None else None
+    base_tokenizer = (resumed.tokenizer if resumed is not None else base.tokenizer_spec) if cfg.init_from else None
+    data = _load_data(cfg, dist, log, base_tokenizer)
+    tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     state = resumed.training if resumed is not None else None
     if state is not None and len(state.rng) == dist.world_size:  # its steps bitwise as if never stopped
         notice = rt.threads.adopt(state.threads)
         if notice:
             log(notice)
     _resolve_schedule(cfg, resumed, log)
-    model, model_config = _model(cfg, data, resumed, log)
+    model, model_config = _model(cfg, data, resumed, log, base)
     lora = _finetune(model, cfg, resumed, log)
     model = model.to(rt.device)
     optimizer = build_optimizer(model, cfg.optim, rt.device)
     schedule = CosineSchedule.from_settings(cfg.optim, cfg.train.max_iters)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
     run = Run(cfg, dist, rt, out_dir, data, model, model_config, lora, optimizer, scaler, schedule, log)
-    run.batches = run.windows(data.train, cfg.train.batch_size, seed=cfg.seed)
+    run.batches = run.batches_for("train", cfg.train.batch_size, seed=cfg.seed)
+    if data.chat is not None:
+        _say_left_out(data, model_config.block_size, log)
     run.tasks = tasks
     if resumed is not None:
         run.progress = _restore(resumed, source, run)
@@ -184,13 +207,13 @@ def _resolve_schedule(cfg: RunConfig, resumed: Checkpoint | None, log) -> None:
         optim.min_lr = optim.lr * optim.min_lr_ratio
 
 
-def _load_data(cfg: RunConfig, dist: distributed.Dist, log) -> Dataset:
+def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict | None = None) -> Dataset:
     # One process per node prepares (nodes may not share a filesystem); the others wait, then read.
     if dist.local_rank == 0:
-        data = load_data(cfg.data, cfg.paths.data_root(), log=log)
+        data = load_data(cfg.data, cfg.paths.data_root(), log=log, base_tokenizer=base_tokenizer)
     distributed.barrier(dist)
-    if dist.local_rank != 0:
-        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=SIZES)  # local rank 0 checked it
+    if dist.local_rank != 0:  # local rank 0 checked it
+        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=SIZES, base_tokenizer=base_tokenizer)
     log(
         f"data {data.name}: {Dataset.tokens(data.train):,} train / {Dataset.tokens(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size}"
@@ -212,16 +235,33 @@ def _eval_tasks(cfg: RunConfig, data: Dataset, log) -> dict[str, list]:
     return out
 
 
-def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log) -> tuple[nn.Module, Any]:
-    """A new model, the weights to finetune (init_from), or the shape of the run resumed."""
+def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=None) -> tuple[nn.Module, Any]:
+    """A new model, the weights to finetune (init_from, `base` when loaded already), or the shape
+    of the run resumed."""
     if resumed is None and cfg.init_from:
-        model = initial_model(cfg.init_from, data.tokenizer, cfg.finetune, float(cfg.model.dropout), log)
+        model = initial_model(cfg.init_from, data.tokenizer, cfg.finetune, float(cfg.model.dropout), log, loaded=base)
         config = model.config
     else:
         config = _model_config(cfg, data, resumed, log)
         model = architectures.build(config)
-    check_data_fits(data, config.block_size)
+    if data.chat is None:  # conversations are drawn whole: gpt.chat.data says which fit
+        check_data_fits(data, config.block_size)
     return model, config
+
+
+def _say_left_out(data: Dataset, block_size: int, log) -> None:
+    """How many conversations are too long for the context: they are left out, not cut (a cut
+    reply would teach the model to stop mid-answer, or never to end)."""
+    parts = []
+    for split, conversations in data.chat.items():
+        too_long = int((conversations.lengths() > block_size + 1).sum())
+        if too_long:
+            parts.append(f"{too_long:,} of {len(conversations):,} {split}")
+    if parts:
+        log(
+            f"notice: conversations longer than the context ({block_size + 1} tokens) are left out: {', '.join(parts)}; "
+            f"a model with a longer context keeps them"
+        )
 
 
 def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log):

@@ -1,0 +1,287 @@
+"""Conversations: records -> the chat template's ids and loss mask -> prepared splits -> batches.
+
+Records come through the data sources like any corpus (local .jsonl/.parquet, Hub, disk), in
+either of two shapes:
+- OpenAI's: {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}
+- Alpaca's: {"instruction": ..., "input": ... (optional), "output": ...}: one user turn (the
+  instruction, then the input after a blank line) and one assistant turn.
+
+Prepared once into <data root>/<name>/: per split, the conversations' ids one after another
+(`<split>.tokens.bin`), a 0/1 byte per id saying whether it is trained (`<split>.mask.bin`) and
+where each conversation starts (`<split>.offsets.bin`), plus meta.json, written last: the
+commit marker, with the fingerprint and every file's CRC-32 (as for text, gpt.data.prepare).
+Until meta.json lands, the new files are temporaries: a bad record found half-way leaves the
+data prepared before exactly as it was.
+
+Batches are padded, not packed: each row is one whole conversation from its first token, as a
+chat model meets it, so no conversation attends to another's tokens and the val loss is the
+loss of real chats. Rows are padded to the batch's longest conversation (not the context), and
+the pad's share of the batch is reported; conversations longer than the context are left out,
+and how many is said.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt import io
+from gpt.chat.template import ChatTokenizer, check_messages
+from gpt.data.prepare import fingerprint, token_dtype
+from gpt.errors import TinyGPTError
+from gpt.hf_tokenizer import train_bpe
+from gpt.tokenizer import CharTokenizer, tokenizer_from_dict, tokenizer_identity, without_template
+
+SPLITS = ("train", "val")
+FILES = ("tokens", "mask", "offsets")
+IGNORE = -1  # the target of a position that is not trained (gpt.model's loss skips it)
+
+
+# --- records -> conversations --------------------------------------------------------------------
+
+
+def is_conversation(record) -> bool:
+    """Whether a record has one of the two conversation shapes."""
+    return isinstance(record, dict) and ("messages" in record or {"instruction", "output"} <= record.keys())
+
+
+def conversation_of(record, where: str) -> list[dict]:
+    """The messages of a record in either shape, refused in one line naming `where`. A field
+    that is null counts as absent: the datasets library gives every record of a file every
+    field any record has."""
+    if not isinstance(record, dict):
+        raise TinyGPTError(f'{where} is not a JSON object; write {{"messages": [...]}} per line')
+    record = {k: v for k, v in record.items() if v is not None}
+    if "messages" in record:
+        messages = record["messages"]
+        if isinstance(messages, list):  # Hub datasets may carry extra keys per message: keep role/content
+            messages = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in messages]
+        return messages
+    if {"instruction", "output"} <= record.keys():
+        prompt = str(record["instruction"] or "")
+        if record.get("input"):
+            prompt += "\n\n" + str(record["input"])
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(record["output"] or "")}]
+    fields = ", ".join(record) or "none"
+    raise TinyGPTError(
+        f'{where} has no "messages" (nor Alpaca\'s "instruction" and "output"); its fields are {fields}. '
+        f'Write {{"messages": [{{"role": "user", "content": ...}}, {{"role": "assistant", "content": ...}}]}}'
+    )
+
+
+# --- preparation -----------------------------------------------------------------------------------
+
+
+@dataclass
+class ChatSplit:
+    tokens: np.ndarray  # every conversation's ids, one after another
+    mask: np.ndarray  # uint8, 1 where the id is trained
+    offsets: np.ndarray  # int64, conversation i is tokens[offsets[i]:offsets[i + 1]]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def conversation(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.tokens[a:b], self.mask[a:b]
+
+
+def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path, settings: dict, log=print) -> dict:
+    """Prepare the records' conversations into out_dir unless data with the same fingerprint is
+    there; returns its meta. settings: identity (of the source), val_fraction, seed, max_docs."""
+    spec = without_template(tokenizer_spec)
+    fitted = (spec["kind"] == "char" and "chars" not in spec) or (spec["kind"] == "bpe" and "json_text" not in spec)
+    base = None if fitted else tokenizer_from_dict(spec)
+    identity = tokenizer_identity(spec if fitted else base.to_dict())
+    keys = ("identity", "val_fraction", "seed", "max_docs")
+    fp_settings = {"chat": True, **{k: settings.get(k) for k in keys}, "tokenizer": identity}
+    fp = fingerprint(fp_settings)
+    meta = read_meta(out_dir, fp)
+    if meta is not None:
+        return meta
+    io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
+    conversations, skipped = _conversations(records, settings.get("max_docs"))
+    if base is None:
+        base = _fit(spec, conversations, log)
+    tok = ChatTokenizer(base)
+    rendered = [tok.render(messages, where) for where, messages in conversations]
+    n = len(rendered)
+    if n < 2:
+        raise TinyGPTError(f"the dataset has {n} conversation(s) with an assistant turn; a train and a val split need at least 2")
+    n_val = min(n - 1, max(1, round(n * float(settings["val_fraction"]))))
+    is_val = np.zeros(n, dtype=bool)
+    is_val[np.random.default_rng(int(settings["seed"])).permutation(n)[:n_val]] = True
+    dtype = token_dtype(tok.vocab_size)
+    written, sums, counts = [], {}, {}
+    try:
+        for split in SPLITS:
+            chosen = [rendered[i] for i in range(n) if is_val[i] == (split == "val")]
+            arrays = {
+                "tokens": np.fromiter(itertools.chain.from_iterable(ids for ids, _ in chosen), dtype=dtype),
+                "mask": np.fromiter(itertools.chain.from_iterable(m for _, m in chosen), dtype=np.uint8),
+                "offsets": np.concatenate([[0], np.cumsum([len(ids) for ids, _ in chosen])]).astype(np.int64),
+            }
+            for name, array in arrays.items():
+                tmp = out_dir / f"{split}.{name}.bin.tmp-{os.getpid()}"
+                io.write_bytes(tmp, array.tobytes())
+                written.append((tmp, out_dir / f"{split}.{name}.bin"))
+                sums[f"{split}.{name}"] = zlib.crc32(array.tobytes())
+            counts[split] = {
+                "conversations": len(chosen),
+                "tokens": len(arrays["tokens"]),
+                "trained": int(arrays["mask"].sum()),
+            }
+        (out_dir / "meta.json").unlink(missing_ok=True)  # the old data stops counting from here
+        for tmp, final in written:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+    meta = {
+        "format": 1,
+        "kind": "chat",
+        "fingerprint": fp,
+        "settings": fp_settings,
+        "tokenizer": tok.to_dict(),
+        "dtype": dtype.name,
+        "documents": n,
+        "splits": counts,
+        "tokens": {split: counts[split]["tokens"] for split in SPLITS},
+        "crc32": sums,
+        "skipped_without_reply": skipped,
+    }
+    io.write_json(out_dir / "meta.json", meta)
+    left_out = f"; {skipped:,} without an assistant turn left out" if skipped else ""
+    log(
+        f"prepared {n:,} conversations ({counts['train']['conversations']:,} train / {counts['val']['conversations']:,} val; "
+        f"{counts['train']['tokens']:,} train tokens, {counts['train']['trained']:,} of them trained){left_out} in {out_dir}"
+    )
+    return meta
+
+
+def _conversations(records: Iterable, max_docs) -> tuple[list[tuple[str, list[dict]]], int]:
+    """(where, messages) of every record, each checked against the template; and how many had no
+    assistant turn (nothing to learn from them: left out)."""
+    out, skipped = [], 0
+    items = itertools.islice(records, int(max_docs)) if max_docs else records
+    for n, record in enumerate(items, 1):
+        where = f"record {n}"
+        messages = conversation_of(record, where)
+        check_messages(messages, where)
+        if not any(m["role"] == "assistant" for m in messages):
+            skipped += 1
+            continue
+        out.append((where, messages))
+    if not out:
+        raise TinyGPTError(
+            "the dataset holds no conversations"
+            + (f" with an assistant turn ({skipped} without one)" if skipped else "")
+            + "; check data.source"
+        )
+    return out, skipped
+
+
+def _fit(spec: dict, conversations, log):
+    """A char alphabet or a BPE fitted on the conversations' text (the template's tokens come on
+    top of it)."""
+    texts = [m["content"] for _, messages in conversations for m in messages]
+    if spec["kind"] == "char":
+        return CharTokenizer.fit("".join(texts))
+    tok = train_bpe(texts, spec["vocab_size"], spec.get("train_docs"), spec.get("train_bytes"))
+    log(f"trained a byte-level BPE of {tok.vocab_size:,} tokens on the conversations")
+    return tok
+
+
+def read_meta(out_dir: Path, expected: str) -> dict | None:
+    """The meta of intact prepared conversations with this fingerprint, or None."""
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text())
+        if not isinstance(meta, dict) or meta.get("fingerprint") != expected or meta.get("kind") != "chat":
+            return None
+        for key, crc in meta["crc32"].items():
+            path = out_dir / f"{key}.bin"
+            if zlib.crc32(path.read_bytes()) != crc:
+                return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return meta
+
+
+def open_chat_split(out_dir: Path, meta: dict, split: str) -> ChatSplit:
+    def arr(name: str, dtype) -> np.ndarray:
+        path = out_dir / f"{split}.{name}.bin"
+        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+    return ChatSplit(arr("tokens", np.dtype(meta["dtype"])), arr("mask", np.uint8), np.array(arr("offsets", np.int64)))
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+
+class ConversationBatches:
+    """Batches of `batch_size` whole conversations drawn at random (the same seeded global draw
+    on every rank, each keeping its rows, as gpt.data.loader.RandomWindows), padded to the
+    longest: x the ids, y the next ids with IGNORE wherever the next id is not trained (the
+    prompt, the padding)."""
+
+    def __init__(
+        self,
+        split: ChatSplit,
+        block_size: int,
+        batch_size: int,
+        device: torch.device,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        self.split, self.device = split, device
+        lengths = split.lengths()
+        self.eligible = np.flatnonzero(lengths <= block_size + 1)  # a conversation fits whole, or not at all
+        self.dropped = len(split) - len(self.eligible)
+        if len(self.eligible) == 0:
+            raise TinyGPTError(
+                f"every conversation is longer than the context ({block_size + 1} tokens with its target; the shortest "
+                f"has {int(lengths.min()) if len(lengths) else 0}); raise model.block_size or use shorter conversations"
+            )
+        self.rows = slice(rank * batch_size, (rank + 1) * batch_size)
+        self.global_batch = batch_size * world_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.padding = 0.0  # the share of the last batch's positions that were padding
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        draws = torch.randint(len(self.eligible), (self.global_batch,), generator=self.generator)[self.rows].numpy()
+        chosen = [self.split.conversation(int(self.eligible[d])) for d in draws]
+        width = max(len(ids) for ids, _ in chosen) - 1
+        x = np.zeros((len(chosen), width), dtype=np.int64)
+        y = np.full((len(chosen), width), IGNORE, dtype=np.int64)
+        for r, (ids, mask) in enumerate(chosen):
+            n = len(ids) - 1
+            x[r, :n] = ids[:-1]
+            y[r, :n] = np.where(mask[1:] == 1, ids[1:].astype(np.int64), IGNORE)
+        self.padding = 1.0 - sum(len(ids) - 1 for ids, _ in chosen) / x.size
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def first_turn(split: ChatSplit, tokenizer) -> tuple[list[int], str]:
+    """The ids of a split's first conversation up to its first assistant role token (a prompt
+    for a sample at eval), and that prompt as text."""
+    ids = split.conversation(0)[0].tolist()
+    cut = ids.index(tokenizer.role_ids["assistant"]) + 1
+    return ids[:cut], tokenizer.decode(ids[:cut])
