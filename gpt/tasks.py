@@ -61,6 +61,12 @@ def _arc(record: dict) -> Example:
     return Example(f"Question: {question}\nAnswer:", tuple(texts), labels.index(record["answerKey"]))
 
 
+def _chat(record: dict):
+    from gpt.chat.scoring import parse
+
+    return parse(record)
+
+
 def _lambada(record: dict) -> Example:
     context, _, word = record["text"].rpartition(" ")
     if not context:
@@ -74,6 +80,7 @@ class Task:
     cloze: bool  # one continuation, scored by greedy match and perplexity
     source: dict  # where its items come from by default (gpt.config.SourceSettings fields)
     official: str  # the file name of the official copy, for the offline hint
+    generate: bool = False  # scored by generating replies (gpt.chat.scoring), not by likelihoods
 
 
 TASKS = {
@@ -101,6 +108,9 @@ TASKS = {
         dict(kind="hub", path="allenai/ai2_arc", config="ARC-Challenge", split="test"),
         "ARC-Challenge-Test.jsonl (allenai.org)",
     ),
+    # Conversations of your own (held out): the reply to each, generated greedily, against its last
+    # assistant message. No default source: task.path=<file.jsonl>, or <data root>/tasks/chat.jsonl.
+    "chat": Task(_chat, False, dict(kind="local", path=None), 'a .jsonl of {"messages": [...]} records', generate=True),
 }
 
 
@@ -120,6 +130,8 @@ def source_of(settings: TaskSettings, data_root: Path) -> SourceSettings:
     """Where the task's items come from: task.path, else a local copy, else the Hub."""
     path = Path(settings.path).expanduser() if settings.path else local_copy(settings.name, data_root)
     if settings.path is None and not path.is_file():
+        if task_of(settings.name).source.get("path") is None:
+            raise TinyGPTError(f"task {settings.name} has no default items: pass task.path=<file.jsonl> (or put them at {path})")
         return SourceSettings(**task_of(settings.name).source)
     if path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
         return SourceSettings(kind="disk", path=str(path), split=task_of(settings.name).source["split"])
@@ -160,6 +172,9 @@ def _parsed(name: str, task: Task, items: Iterable[dict]) -> Iterator[Example]:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
             raise TinyGPTError(f"item {number} is not a {name} item ({type(e).__name__}: {e}; its fields: {fields})") from None
+        if task.generate:
+            yield example
+            continue
         # what scoring cannot rank: no choices, an empty one (acc_norm divides by its length), no right one
         if not example.choices or not all(example.choices) or not 0 <= example.gold < len(example.choices):
             raise TinyGPTError(
@@ -170,13 +185,22 @@ def _parsed(name: str, task: Task, items: Iterable[dict]) -> Iterator[Example]:
 
 
 def metric_names(name: str) -> tuple[str, ...]:
+    if task_of(name).generate:
+        return ("acc",)
     return ("acc", "perplexity") if task_of(name).cloze else ("acc", "acc_norm")
 
 
 def requests(tokenizer, name: str, items: list[Example]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
     """Every (context, choice) of the items as token ids, and the item each belongs to. Raises a
-    one-line error naming the item when the tokenizer cannot encode it (a char vocabulary)."""
+    one-line error naming the item when the tokenizer cannot encode it (a char vocabulary). A
+    chat task's items become prompts (checked against the chat template)."""
     out, owners = [], []
+    if task_of(name).generate:
+        for number, item in enumerate(items):
+            if hasattr(tokenizer, "prompt"):
+                out.append((tokenizer.prompt(list(item.messages), f"task {name} item {number + 1}"), []))
+                owners.append(number)
+        return out, owners
     for number, item in enumerate(items):
         context = _encode(tokenizer, item.context, name, number) or _start(tokenizer, name)
         for choice in item.choices:
@@ -186,8 +210,13 @@ def requests(tokenizer, name: str, items: list[Example]) -> tuple[list[tuple[lis
 
 
 def evaluate_task(model, tokenizer, name: str, items: list[Example], device, batch_size: int = 16) -> dict:
-    """Accuracy (both normalisations, or greedy match and perplexity for a cloze task) over the items."""
+    """Accuracy (both normalisations, or greedy match and perplexity for a cloze task; replies
+    matched exactly for a chat task) over the items."""
     task = task_of(name)
+    if task.generate:
+        from gpt.chat.scoring import evaluate_chat
+
+        return evaluate_chat(model, tokenizer, items, device, batch_size, name)
     pairs, owners = requests(tokenizer, name, items)
     scores = score(model, pairs, device, batch_size)
     per_item: list[list] = [[] for _ in items]

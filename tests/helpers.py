@@ -3,9 +3,14 @@ as a user types them, composing the real configs, and the one-line error check."
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,3 +215,64 @@ def export_hf(model, tokenizer, out: Path) -> Path:
     from gpt import interop
 
     return interop.export(model, tokenizer, out)[0]
+
+
+# --- the server, as `python serve.py` -----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python serve.py ...` on a free port; stopped by `stop()`."""
+
+    def __init__(self, args: list[str], cwd, data_dir):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "TINYGPT_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+        env.pop("TINYGPT_API_KEY", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "serve.py"), f"port={self.port}", "threads=1", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited: {self.proc.stdout.read()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError("the server did not answer /health within 120 s")
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+            return json.loads(r.read())
+
+    def post(self, body, headers=None, path="/v1/completions", raw: bytes | None = None) -> tuple[int, dict, dict]:
+        """(status, JSON body, headers) of a POST."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        payload = response.read()
+        conn.close()
+        return response.status, json.loads(payload), dict(response.getheaders())
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out

@@ -2,6 +2,7 @@
 
     tinygpt train   [key=value ...] [-m]   train a model (a sweep with -m)
     tinygpt sample  [key=value ...]        generate text from a trained model
+    tinygpt chat    [key=value ...]        talk to a model finetuned on conversations
     tinygpt eval    [key=value ...]        loss, perplexity, bits per byte
     tinygpt export  out=<folder> ...       a checkpoint to a Hugging Face GPT-2 folder
     tinygpt prepare [key=value ...]        tokenize a dataset ahead of training
@@ -19,7 +20,7 @@ import sys
 
 from gpt.apps.common import fail
 
-COMMANDS = ("train", "sample", "eval", "export", "prepare", "sweep", "harness", "serve")
+COMMANDS = ("train", "sample", "chat", "eval", "export", "prepare", "sweep", "harness", "serve")
 
 
 def main(argv: list[str] | None = None) -> None:

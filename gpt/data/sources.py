@@ -183,6 +183,8 @@ def local_files(pattern: str) -> list[Path]:
 
 
 def _local(src: SourceSettings, files: list[Path], cache: Path) -> tuple[Iterator[str], int | None]:
+    if all(p.stat().st_size == 0 for p in files):  # no documents: the corpus is empty, said so once opened
+        return iter(()), 0
     ds, builder = _local_dataset(src, files, cache)
     total = None
     if builder == "text" and src.doc_unit == "file":
@@ -278,7 +280,10 @@ def _disk_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
 
 
 def _local_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
-    ds, builder = _local_dataset(src, local_files(str(src.path)), data_root / ".datasets-cache")
+    files = local_files(str(src.path))
+    if all(p.stat().st_size == 0 for p in files):  # no records (the json builder would fail on them)
+        return iter(())
+    ds, builder = _local_dataset(src, files, data_root / ".datasets-cache")
     return _read_local(iter(ds), src, builder)
 
 

@@ -166,11 +166,56 @@ def write_tokenizer(tokenizer, out: Path, max_length: int) -> None:
     transformers' AutoTokenizer reads where tinygpt's tokenizer has an equivalent: GPT-2's
     vocab.json/merges.txt, or a tokenizer.json (a trained BPE, a Hugging Face tokenizer)."""
     io.write_json(out / "tinygpt_tokenizer.json", tokenizer.to_dict())
+    chat, base = hasattr(tokenizer, "special_ids"), getattr(tokenizer, "base", tokenizer)
     # vocab.json/merges.txt mean GPT-2's pre-tokenizer: right for r50k/p50k, wrong for cl100k/o200k.
-    if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in ("gpt2", "r50k_base", "p50k_base"):
-        write_gpt2_tokenizer_files(tokenizer, out)
-    elif isinstance(tokenizer, HFTokenizer):
-        write_fast_tokenizer_files(tokenizer, out, max_length)
+    if isinstance(base, TiktokenTokenizer) and base.name in ("gpt2", "r50k_base", "p50k_base"):
+        write_gpt2_tokenizer_files(base, out)
+    elif isinstance(base, HFTokenizer):
+        write_fast_tokenizer_files(base, out, max_length)
+    else:
+        return  # char and byte vocabularies have no transformers tokenizer: tinygpt_tokenizer.json only
+    if chat:
+        write_chat_tokenizer_files(tokenizer, out, max_length)
+
+
+def write_chat_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
+    """A model finetuned on conversations: one tokenizer.json with the chat template's special
+    tokens at tinygpt's ids, `chat_template` in tokenizer_config.json (Jinja, rendered by
+    `apply_chat_template`) and generation_config.json ending generation at the end of a turn, so
+    transformers' pipelines chat with the export. Here the template's tokens must be read as
+    special in rendered text (split_special_tokens off): transformers, unlike tinygpt, then
+    also reads them in message text that spells them."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from gpt.chat.template import SPECIAL_TOKENS, jinja_template
+
+    if (out / "tokenizer.json").is_file():  # a Hugging Face tokenizer or a trained BPE
+        tok = Tokenizer.from_str((out / "tokenizer.json").read_text(encoding="utf-8"))
+    else:  # GPT-2's BPE, from the vocab.json/merges.txt just written
+        tok = Tokenizer(models.BPE.from_file(str(out / "vocab.json"), str(out / "merges.txt")))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(tokenizer.decode([tokenizer.eot_id]), special=True, normalized=False)])
+    if tok.get_vocab_size(with_added_tokens=True) != tokenizer.base.vocab_size:
+        raise TinyGPTError(
+            f"cannot export the chat template: the tokenizer files hold {tok.get_vocab_size(with_added_tokens=True)} "
+            f"tokens, tinygpt's base tokenizer {tokenizer.base.vocab_size}"
+        )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    io.write_bytes(out / "tokenizer.json", tok.to_str().encode("utf-8"))
+    eot = tokenizer.decode([tokenizer.eot_id]) if tokenizer.eot_id is not None else None
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        "chat_template": jinja_template(eot),
+        "eos_token": "<|end|>",
+        "pad_token": "<|end|>",
+    }
+    if eot is not None:
+        config["bos_token"] = eot
+    io.write_json(out / "tokenizer_config.json", config, indent=2)
+    stops = [tokenizer.end_id] + ([tokenizer.eot_id] if tokenizer.eot_id is not None else [])
+    io.write_json(out / "generation_config.json", {"eos_token_id": stops, "pad_token_id": tokenizer.end_id}, indent=2)
 
 
 def write_fast_tokenizer_files(tokenizer: HFTokenizer, out: Path, max_length: int) -> None:

@@ -5,6 +5,7 @@ batching engine (gpt/serve/engine.py). No tensors here, and no file read but the
     GET  /health           ok, and each model's load (no API key needed)
     GET  /v1/models        the models this server was started with
     POST /v1/completions   OpenAI's completions API, streaming or not
+    POST /v1/chat/completions   OpenAI's chat completions API (a model with a chat template)
 
 Every error is OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}; a failure of
 the server's own is logged there and answered with one line, never a traceback.
@@ -30,7 +31,7 @@ from gpt.config import SamplingSettings, ServeConfig
 from gpt.errors import TinyGPTError
 from gpt.generation import encode_prompt
 from gpt.serve.engine import Engine, Job
-from gpt.serve.schemas import CONTROLS, CompletionRequest, describe, error_body
+from gpt.serve.schemas import CONTROLS, ChatCompletionRequest, CompletionRequest, describe, error_body
 
 logger = logging.getLogger("tinygpt")
 
@@ -99,7 +100,28 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
         served = _pick_model(req, by_id, models)
         _check_limits(req, settings)
         prompts, n_prompt_tokens = _encode(req, served, settings)
-        sampling = _sampling(req)
+        return await run(
+            request, req, served, prompts, _sampling(req), _Reply(req, served.id, len(prompts) * req.n, n_prompt_tokens)
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        authorize(request)
+        req = _parse(await _json_body(request, settings.max_body_bytes), ChatCompletionRequest)
+        served = _pick_model(req, by_id, models)
+        prompt = _chat_prompt(req, served, settings)
+        max_tokens = req.max_completion_tokens or req.max_tokens or settings.max_tokens
+        if req.n > settings.max_n:
+            raise ApiError(400, f"n = {req.n} exceeds this server's limit of {settings.max_n}", param="n")
+        if max_tokens > settings.max_tokens:
+            raise ApiError(
+                400, f"max_tokens {max_tokens} exceeds this server's limit of {settings.max_tokens}", param="max_tokens"
+            )
+        reply = _ChatReply(req, served.id, req.n, len(prompt))
+        return await run(request, req, served, [prompt], _sampling(req, max_tokens), reply)
+
+    async def run(request: Request, req, served: ServedModel, prompts: list[list[int]], sampling, reply: _Reply):
+        """Queue the job and answer: a stream of events, or the whole reply once done."""
         if req.stream and streams["open"] >= settings.max_streams:
             raise ApiError(
                 429,
@@ -117,7 +139,6 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
                 kind="server_overloaded",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        reply = _Reply(req, served.id, job.rows, n_prompt_tokens)
         if req.stream:
             streams["open"] += 1
 
@@ -197,13 +218,13 @@ async def _json_body(request: Request, limit: int):
         raise ApiError(400, "the request body is nested too deeply to be read as JSON") from None
 
 
-def _parse(data) -> CompletionRequest:
+def _parse(data, request=CompletionRequest):
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:
-        req = CompletionRequest.model_validate(data)
+        req = request.model_validate(data)
     except ValidationError as e:
-        message, param, code = describe(e, data)
+        message, param, code = describe(e, data, request)
         raise ApiError(400, message, param=param, code=code) from None
     unsupported = req.unsupported()
     if unsupported:
@@ -221,11 +242,11 @@ def _check_limits(req: CompletionRequest, settings: ServeConfig) -> None:
         )
 
 
-def _sampling(req: CompletionRequest) -> SamplingSettings:
+def _sampling(req, max_tokens: int | None = None) -> SamplingSettings:
     """The request's sampling settings, checked by SamplingSettings' rules as sample.py's are."""
     try:
         return SamplingSettings(
-            max_new_tokens=req.max_tokens,
+            max_new_tokens=max_tokens or req.max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
             **req.controls(),
@@ -279,6 +300,34 @@ def _encode(req: CompletionRequest, served: ServedModel, settings: ServeConfig) 
         total += len(ids)
         encoded.append(ids[-served.block_size :])
     return encoded, total
+
+
+def _chat_prompt(req: ChatCompletionRequest, served: ServedModel, settings: ServeConfig) -> list[int]:
+    """The chat template's prompt for the request's messages: the ids `tinygpt chat` gives the
+    same conversation (gpt.chat.template), within the server's prompt limit."""
+    tokenizer = served.tokenizer
+    if not hasattr(tokenizer, "prompt"):
+        raise ApiError(
+            400,
+            f"model {served.id!r} has no chat template (it was trained on plain text): use /v1/completions, or finetune it "
+            f"on conversations (tinygpt train experiment=sft init_from=<run> ...)",
+            param="model",
+            code="no_chat_template",
+        )
+    try:
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        ids = tokenizer.prompt(messages, "messages")
+    except (TinyGPTError, ValueError) as e:
+        raise ApiError(400, str(e), param="messages") from None
+    limit = settings.max_prompt_tokens or served.block_size
+    if len(ids) > limit:
+        raise ApiError(
+            400,
+            f"the conversation has {len(ids)} tokens; this server takes at most {limit} (drop older messages)",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return ids
 
 
 class _Reply:
@@ -377,3 +426,49 @@ async def _stream(events: asyncio.Queue, reply: _Reply):
         if reply.include_usage:
             yield reply.chunk([], reply.usage())
     yield "data: [DONE]\n\n"
+
+
+class _ChatReply(_Reply):
+    """The same events as chat.completion objects: a message per choice, or streamed deltas
+    (the first of each choice carries its role)."""
+
+    def __init__(self, req, model_id: str, rows: int, prompt_tokens: int):
+        super().__init__(req, model_id, rows, prompt_tokens)
+        self.id = f"chatcmpl-{secrets.token_hex(12)}"
+        self._started: set[int] = set()
+
+    def take(self, batch: list) -> list[dict]:
+        out = []
+        for entry in super().take(batch):
+            delta = {"content": entry["text"]} if entry["text"] else {}
+            if entry["index"] not in self._started:
+                self._started.add(entry["index"])
+                delta = {"role": "assistant", "content": entry["text"]}
+            out.append({"index": entry["index"], "delta": delta, "logprobs": None, "finish_reason": entry["finish_reason"]})
+        return out
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def body(self) -> dict:
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
+            for i, (t, r) in enumerate(zip(self.texts, self.reasons))
+        ]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        }

@@ -106,7 +106,8 @@ class Engine:
         self.n_layer = model.config.n_layer
         self.device = next(model.parameters()).device
         self.max_batch, self.max_queue, self.autocast, self.observe = max_batch, max_queue, autocast, observe
-        self.eot = getattr(tokenizer, "eot_id", None)
+        # End-of-text ends a row; under a chat template, so does the end of a turn (as in generation).
+        self.stops = getattr(tokenizer, "stop_ids", None) or {getattr(tokenizer, "eot_id", None)}
         self._pending: deque[Job] = deque()
         self._wake = threading.Condition()
         self._slots: list[_Slot] = []  # rows in the cache, in its row order
@@ -266,7 +267,7 @@ class Engine:
         slot.steps += 1
         if slot.seen is not None:
             slot.seen[tok] = True
-        if cfg.stop_at_eot and tok == self.eot:
+        if cfg.stop_at_eot and tok in self.stops:
             piece = self.tokenizer.decode(row.ids)[len(row.emitted) :]
             row.emitted += piece
             return piece, "stop"

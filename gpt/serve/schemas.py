@@ -1,5 +1,5 @@
-"""The request body of POST /v1/completions (OpenAI's completions API plus tinygpt's sampling
-controls), and OpenAI's error shape. Checked here for form; the server's limits (max_tokens,
+"""The request bodies of POST /v1/completions and /v1/chat/completions (OpenAI's APIs plus
+tinygpt's sampling controls), and OpenAI's error shape. Checked here for form; the server's limits (max_tokens,
 n, prompt length) are checked in app.py, which knows them, and the sampling values by
 gpt.config.SamplingSettings, as for sample.py."""
 
@@ -109,14 +109,67 @@ class CompletionRequest(_Controls):
         return list(self.prompt)
 
 
-def describe(error: ValidationError, data: dict) -> tuple[str, str | None, str | None]:
-    """One line for the first problem pydantic found in request `data`, the parameter it
-    concerns (dotted when nested: stream_options.include_usage) and OpenAI's code for it."""
+class ChatMessage(BaseModel):
+    model_config = STRICT
+    role: str
+    # text, or OpenAI's content parts ([{"type": "text", "text": ...}]) joined
+    content: str | list[dict]
+    name: str | None = None  # accepted and ignored
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in self.content):
+            raise ValueError("only text content parts are supported ({'type': 'text', 'text': ...})")
+        return "".join(part["text"] for part in self.content)
+
+
+class ChatCompletionRequest(_Controls):
+    """OpenAI's chat completions body: `messages` instead of `prompt`; the reply ends at the
+    chat template's end of turn, or at max_tokens (absent: the server's limit)."""
+
+    model_config = STRICT
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    temperature: float = Field(1.0, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logprobs: bool | None = False
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+
+    _stops = field_validator("stop")(CompletionRequest._stops.__func__)
+    controls = CompletionRequest.controls
+
+    def unsupported(self) -> str | None:
+        if self.logprobs:
+            return "logprobs are not supported"
+        for name in ("logit_bias", "presence_penalty", "frequency_penalty"):
+            off, message = UNSUPPORTED[name]
+            value = getattr(self, name)
+            if value not in (off, None) and not (name == "logit_bias" and value == {}):
+                return message
+        return None
+
+
+def describe(error: ValidationError, data: dict, request=CompletionRequest) -> tuple[str, str | None, str | None]:
+    """One line for the first problem pydantic found in request `data` (a body of the
+    `request` model), the parameter it concerns (dotted when nested: stream_options.include_usage)
+    and OpenAI's code for it."""
     first = error.errors()[0]
     if first["type"] == "extra_forbidden":
         param = ".".join(str(p) for p in first["loc"])
         return f"unknown parameter {param!r}", param, None
-    path, hint = _field_at(first["loc"])
+    path, hint = _field_at(first["loc"], request)
     param = ".".join(path) or None
     if first["type"].endswith("_type") and hint is not None:  # int_type, bool_type, model_type, ...
         value = _value_at(data, path)
@@ -128,10 +181,10 @@ def describe(error: ValidationError, data: dict) -> tuple[str, str | None, str |
     return (f"{param}: {first['msg']}" if param else first["msg"]), param, None
 
 
-def _field_at(loc: tuple) -> tuple[list[str], object]:
+def _field_at(loc: tuple, request=CompletionRequest) -> tuple[list[str], object]:
     """The request fields that pydantic's error location `loc` passes through, and the type of
     the last; the rest of it (a union's branch, a list index) is inside that field's value."""
-    path, model, hint = [], CompletionRequest, None
+    path, model, hint = [], request, None
     for part in loc:
         if model is None or part not in model.model_fields:
             break

@@ -26,7 +26,9 @@ def chats(n: int = 12) -> list[dict]:
         if i % 3 == 2:  # Alpaca's shape, beside OpenAI's
             out.append({"instruction": f"Add {i} and 1.", "input": "Show the sum.", "output": str(i + 1)})
         else:
-            out.append({"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": str(i + 1)}]})
+            out.append(
+                {"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": str(i + 1)}]}
+            )
     return out
 
 
@@ -77,7 +79,13 @@ def test_prepared_once_and_again_when_the_file_changes(tmp_path):
         ({"prompt": "x", "completion": "y"}, 'record 5 has no "messages"'),
         ({"messages": [{"role": "robot", "content": "x"}]}, "record 5, message 1: unknown role 'robot'"),
         (
-            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "assistant", "content": "c"}]},
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": "assistant", "content": "c"},
+                ]
+            },
             "record 5, message 3: two assistant turns in a row",
         ),
         ({"messages": []}, "record 5 has no messages"),
@@ -107,8 +115,13 @@ def test_no_conversation_with_a_reply_is_an_error(tmp_path):
 def toy_split(tok: ChatTokenizer) -> ChatSplit:
     conversations = [
         [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "cde"}],
-        [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "r"},
-         {"role": "user", "content": "qq"}, {"role": "assistant", "content": "rr"}],
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "r"},
+            {"role": "user", "content": "qq"},
+            {"role": "assistant", "content": "rr"},
+        ],
         [{"role": "user", "content": "a long question that does not fit"}, {"role": "assistant", "content": "x"}],
     ]
     rendered = [tok.render(c) for c in conversations]
@@ -134,7 +147,9 @@ def test_loss_is_the_mean_over_the_assistant_tokens_only_as_computed_by_hand():
     x, y = batches.next()
     _, loss = model(x, y)
 
-    drawn = [int(batches.eligible[d]) for d in torch.randint(len(batches.eligible), (6,), generator=torch.Generator().manual_seed(1))]
+    drawn = [
+        int(batches.eligible[d]) for d in torch.randint(len(batches.eligible), (6,), generator=torch.Generator().manual_seed(1))
+    ]
     total, count = 0.0, 0
     for i in drawn:
         ids = split.conversation(i)[0].tolist()

@@ -26,7 +26,10 @@ def test_byte_ids_by_hand():
     assert ids == expected
     assert mask == [0] * (len(expected) - len(b"Hi there!") - 1) + [1] * (len(b"Hi there!") + 1)
     assert tok.prompt(CONVERSATION[:2]) == expected[: expected.index(assistant) + 1]
-    assert tok.vocab_size == 261 and tok.decode(ids[1:]) == "<|system|>Be brief.<|end|><|user|>Hello world<|end|><|assistant|>Hi there!<|end|>"
+    assert (
+        tok.vocab_size == 261
+        and tok.decode(ids[1:]) == "<|system|>Be brief.<|end|><|user|>Hello world<|end|><|assistant|>Hi there!<|end|>"
+    )
 
 
 def test_char_ids_by_hand():
@@ -91,8 +94,10 @@ def test_mask_covers_every_assistant_turn_and_its_end():
         ([], "has no messages"),
         ("hello", "has no messages"),
         ([{"role": "bot", "content": "x"}], "unknown role 'bot'"),
-        ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "assistant", "content": "z"}],
-         "message 3: two assistant turns in a row"),
+        (
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "assistant", "content": "z"}],
+            "message 3: two assistant turns in a row",
+        ),
         ([{"role": "assistant", "content": "x"}], "an assistant turn before any user turn"),
         ([{"role": "user", "content": "x"}, {"role": "system", "content": "y"}], "a system message can only come first"),
         ([{"role": "user", "content": 3}], "content must be text"),

@@ -1,0 +1,206 @@
+"""Chat end to end, as a user types it: a base model trained on text, `tinygpt train
+experiment=sft` on a .jsonl of conversations, `tinygpt chat` scripted through stdin, and
+/v1/chat/completions through the official openai client giving the same greedy replies,
+streamed and not; `tinygpt eval task=chat`; and the refusals, each one line.
+Run: python -m pytest tests/chat/test_commands.py"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpt import checkpoint
+from gpt.chat.synthetic import suite
+from helpers import TEXT, assert_one_line_error, run_script
+
+QUESTIONS = ["What is 12 + 30?", "Who are you?", "Reverse the word 'stone'."]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(work dir, data root, base run, SFT run, SFT stdout, test .jsonl)."""
+    cwd = tmp_path_factory.mktemp("chat")
+    root = cwd / "data"
+    (cwd / "corpus.txt").write_text(TEXT)
+    train, test = suite(400, 40, seed=1)
+    long = {"messages": [{"role": "user", "content": "why? " * 60}, {"role": "assistant", "content": "because"}]}
+    train += [long] * 3  # longer than the context: left out, and said so
+    chats, held_out = write_jsonl(cwd / "chats.jsonl", train), write_jsonl(cwd / "test.jsonl", test)
+    base = cwd / "base"
+    proc = run_script(
+        "train",
+        [
+            "debug=tiny",
+            "data=local",
+            f"data.source.path={cwd / 'corpus.txt'}",
+            "data.name=corpus",
+            "data.tokenizer.kind=byte",
+                "data.split_by=tail",
+            "model.block_size=256",
+            f"paths.output_dir={base}",
+        ],
+        cwd,
+        root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sft = cwd / "sft"
+    proc = run_script(
+        "train",
+        [
+            "experiment=sft",
+            f"init_from={base}",
+            "data=local",
+            f"data.source.path={chats}",
+            "data.name=chats",
+            "train.max_iters=30",
+            "train.eval_interval=15",
+            "train.eval_iters=2",
+            "train.batch_size=8",
+            "train.sample_tokens=20",
+            f"paths.output_dir={sft}",
+        ],
+        cwd,
+        root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cwd, root, base, sft, proc.stdout, held_out
+
+
+def test_sft_adds_the_template_trains_replies_and_records_it(runs):
+    cwd, root, base, sft, stdout, _ = runs
+    assert "conversations are tokenized with the base model's tokenizer" in stdout
+    assert "chat template: 4 special tokens added (ids 257-260), initialised to the mean embedding" in stdout
+    assert "are left out:" in stdout  # the long ones: said, with counts
+    assert "<|user|>" in stdout and "<|assistant|>" in stdout  # the final sample is a reply to a conversation
+    ckpt = checkpoint.load(sft / "checkpoints" / "best.pt")
+    assert ckpt.tokenizer["chat"]["template"] == "tinygpt-v1" and ckpt.model_config["vocab_size"] == 261
+    summary = json.loads((sft / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["final_val_loss"] is not None
+
+
+def chat_cli(runs, *args, stdin: str):
+    cwd, root, _, sft, _, _ = runs
+    return run_script("chat", [f"run_dir={sft}", "temperature=0", "max_new_tokens=24", *args], cwd, root, stdin=stdin)
+
+
+def test_chat_reads_one_message_per_line_and_keeps_the_history(runs):
+    proc = chat_cli(runs, stdin="\n".join(QUESTIONS) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    replies = proc.stdout.split("\n")[:-1]
+    assert len(replies) == 3 and "chatting with" in proc.stderr
+    again = chat_cli(runs, stdin="\n".join(QUESTIONS) + "\n")
+    assert again.stdout == proc.stdout  # greedy: the same replies every time
+    alone = chat_cli(runs, stdin=QUESTIONS[2] + "\n")
+    cleared = chat_cli(runs, stdin=f"{QUESTIONS[0]}\n/clear\n{QUESTIONS[2]}\n")
+    assert cleared.stdout.split("\n")[1] == alone.stdout.split("\n")[0]  # /clear: the third question alone
+    ended = chat_cli(runs, stdin=f"{QUESTIONS[0]}\n/exit\n{QUESTIONS[1]}\n")
+    assert ended.stdout.count("\n") == 1
+
+
+def test_chat_completions_equal_the_chat_command_streamed_and_not(runs):
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from helpers import Server
+
+    cwd, root, base, sft, _, _ = runs
+    replies = chat_cli(runs, stdin="\n".join(QUESTIONS) + "\n").stdout.split("\n")[:-1]
+    system_reply = chat_cli(runs, "system=Answer briefly.", stdin=QUESTIONS[0] + "\n").stdout.split("\n")[0]
+    server = Server([f"models=[{sft},{base}]"], cwd, root)
+    try:
+        api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        messages = []
+        for question, reply in zip(QUESTIONS, replies):
+            messages.append({"role": "user", "content": question})
+            got = api.chat.completions.create(model=sft.name, messages=messages, temperature=0, max_tokens=24)
+            assert got.choices[0].message.content == reply and got.choices[0].message.role == "assistant"
+            assert got.choices[0].finish_reason in ("stop", "length") and got.usage.completion_tokens >= 1
+            streamed, reasons = "", []
+            for chunk in api.chat.completions.create(
+                model=sft.name,
+                messages=messages,
+                temperature=0,
+                max_tokens=24,
+                stream=True,
+                stream_options={"include_usage": True},
+            ):
+                for choice in chunk.choices:
+                    streamed += choice.delta.content or ""
+                    reasons.append(choice.finish_reason)
+            assert streamed == reply and [r for r in reasons if r] == [got.choices[0].finish_reason]
+            messages.append({"role": "assistant", "content": reply})
+        with_system = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": QUESTIONS[0]}]
+        got = api.chat.completions.create(model=sft.name, messages=with_system, temperature=0, max_tokens=24)
+        assert got.choices[0].message.content == system_reply
+
+        status, body, _ = server.post(
+            {"model": base.name, "messages": [{"role": "user", "content": "hi"}]}, path="/v1/chat/completions"
+        )
+        assert (
+            status == 400 and "has no chat template" in body["error"]["message"] and body["error"]["code"] == "no_chat_template"
+        )
+        bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+        status, body, _ = server.post({"model": sft.name, "messages": bad}, path="/v1/chat/completions")
+        assert status == 400 and "two user turns in a row" in body["error"]["message"] and body["error"]["param"] == "messages"
+        status, body, _ = server.post(
+            {"model": sft.name, "messages": [{"role": "tool", "content": "x"}]}, path="/v1/chat/completions"
+        )
+        assert status == 400 and "unknown role 'tool'" in body["error"]["message"]
+    finally:
+        log = server.stop()
+    assert "Traceback" not in log, log
+
+
+def test_eval_task_chat_scores_replies_per_skill(runs):
+    cwd, root, _, sft, _, held_out = runs
+    proc = run_script("eval", [f"run_dir={sft}", "task=chat", f"task.path={held_out}"], cwd, root)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    assert "on chat (40 items): acc " in line
+    for skill in ("arithmetic", "count", "name", "reverse", "spell"):
+        assert f"acc/{skill} " in line
+
+
+def test_refusals_are_one_line_and_leave_prepared_data_alone(runs, tmp_path):
+    cwd, root, base, sft, _, held_out = runs
+    proc = run_script("chat", [f"run_dir={base}"], cwd, root, stdin="hi\n")
+    assert_one_line_error(proc, "has no chat template", "experiment=sft")
+    proc = run_script("eval", [f"run_dir={base}", "task=chat", f"task.path={held_out}"], cwd, root)
+    assert_one_line_error(proc, "needs a chat model")
+    before = {p.name: p.read_bytes() for p in (root / "chats").iterdir()}
+    records = [json.loads(line) for line in (cwd / "chats.jsonl").read_text().splitlines()]
+    records[9] = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "assistant", "content": "c"},
+        ]
+    }
+    bad = write_jsonl(tmp_path / "bad.jsonl", records)
+    proc = run_script(
+        "train", ["experiment=sft", f"init_from={base}", "data=local", f"data.source.path={bad}", "data.name=chats"], cwd, root
+    )
+    assert_one_line_error(proc, "record 10, message 3: two assistant turns in a row")
+    assert {p.name: p.read_bytes() for p in (root / "chats").iterdir()} == before
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    proc = run_script(
+        "train",
+        [
+            "experiment=sft",
+            f"init_from={base}",
+            "data=local",
+            f"data.source.path={empty}",
+            "data.name=nothing",
+            "data.format=chat",
+        ],
+        cwd,
+        root,
+    )
+    assert_one_line_error(proc, "holds no conversations")
+    proc = run_script("train", ["experiment=sft", "data=local", f"data.source.path={bad}", "data.name=x"], cwd, root)
+    assert_one_line_error(proc, "needs a model to start from")
