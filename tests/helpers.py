@@ -276,3 +276,24 @@ class Server:
             self.proc.kill()
             out, _ = self.proc.communicate()
         return out
+
+
+def chromium():
+    """Headless Chromium under selenium, or a skip that says what is missing and how to get it."""
+    import shutil
+
+    import pytest
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="the playground test needs selenium (pip install selenium)")
+    chrome = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    driver = shutil.which("chromedriver")
+    if not chrome or not driver:
+        pytest.skip(
+            "NO BROWSER: the playground test needs Chromium and its driver "
+            "(Debian: apt-get install -y chromium chromium-driver); it did not run"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = chrome
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))

@@ -88,7 +88,14 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
         return {
             "object": "list",
             "data": [
-                {"id": m.id, "object": "model", "created": m.created, "owned_by": "tinygpt", "context_length": m.block_size}
+                {
+                    "id": m.id,
+                    "object": "model",
+                    "created": m.created,
+                    "owned_by": "tinygpt",
+                    "context_length": m.block_size,
+                    "chat": hasattr(m.tokenizer, "prompt"),  # has a chat template: /v1/chat/completions works
+                }
                 for m in models
             ],
         }

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from helpers import Server, assert_one_line_error, free_port, run_script  # noqa: E402
+from helpers import Server, assert_one_line_error, chromium, free_port, run_script  # noqa: E402
 
 KEY = "test-key"
 
@@ -295,31 +295,12 @@ def test_serve_refuses_mistakes_in_one_line(trained_run, data_root):
     assert helped.returncode == 0 and "max_batch" in helped.stdout and "/v1/completions" in helped.stdout
 
 
-def _browser():
-    """Headless Chromium under selenium, or a skip that says what is missing and how to get it."""
-    import shutil
-
-    webdriver = pytest.importorskip("selenium.webdriver", reason="the playground test needs selenium (pip install selenium)")
-    chrome = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-    driver = shutil.which("chromedriver")
-    if not chrome or not driver:
-        pytest.skip(
-            "NO BROWSER: the playground test needs Chromium and its driver "
-            "(Debian: apt-get install -y chromium chromium-driver); it did not run"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = chrome
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900"):
-        options.add_argument(arg)
-    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
-
-
 def test_playground_streams_a_completion_in_a_headless_browser(server, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    browser = _browser()
+    browser = chromium()
     shot = Path(os.environ.get("TINYGPT_TEST_ARTIFACTS") or tmp_path) / "playground.png"
     try:
         browser.get(f"{server.url}/")

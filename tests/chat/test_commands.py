@@ -41,7 +41,7 @@ def runs(tmp_path_factory):
             f"data.source.path={cwd / 'corpus.txt'}",
             "data.name=corpus",
             "data.tokenizer.kind=byte",
-                "data.split_by=tail",
+            "data.split_by=tail",
             "model.block_size=256",
             f"paths.output_dir={base}",
         ],
@@ -204,3 +204,58 @@ def test_refusals_are_one_line_and_leave_prepared_data_alone(runs, tmp_path):
     assert_one_line_error(proc, "holds no conversations")
     proc = run_script("train", ["experiment=sft", "data=local", f"data.source.path={bad}", "data.name=x"], cwd, root)
     assert_one_line_error(proc, "needs a model to start from")
+
+
+def test_playground_chat_mode_in_a_headless_browser(runs, tmp_path):
+    """The page opens a chat model in chat mode; a message streams its reply (the one `tinygpt
+    chat` gives), the history carries to the next turn, Stop ends a reply, Clear empties the list."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("fastapi")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from helpers import Server, chromium
+
+    cwd, root, base, sft, _, _ = runs
+    replies = chat_cli(runs, "system=Answer briefly.", stdin="\n".join(QUESTIONS[:2]) + "\n").stdout.split("\n")[:-1]
+    server = Server([f"run_dir={sft}"], cwd, root)
+    browser = chromium()
+    shot = Path(os.environ.get("TINYGPT_TEST_ARTIFACTS") or tmp_path) / "playground-chat.png"
+    try:
+        browser.get(f"{server.url}/")
+        WebDriverWait(browser, 30).until(lambda b: Select(b.find_element(By.ID, "model")).options)
+        assert Select(browser.find_element(By.ID, "mode")).first_selected_option.get_attribute("value") == "chat"
+        assert browser.find_element(By.ID, "send").is_displayed() and not browser.find_element(By.ID, "generate").is_displayed()
+        set_slider = (
+            "const e = document.getElementById(arguments[0]); e.value = arguments[1]; e.dispatchEvent(new Event('input'));"
+        )
+        browser.execute_script(set_slider, "temperature", "0")
+        browser.execute_script(set_slider, "max_tokens", "24")
+        browser.find_element(By.ID, "system").send_keys("Answer briefly.")
+
+        def say(text: str) -> str:
+            browser.find_element(By.ID, "message").send_keys(text)
+            browser.find_element(By.ID, "send").click()
+            WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "status").text.startswith("done"))
+            return browser.find_elements(By.CSS_SELECTOR, "#messages .assistant")[-1].get_attribute("textContent")
+
+        assert [say(q) for q in QUESTIONS[:2]] == replies  # the second turn is answered with the first in its history
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#messages .message")) == 4
+        browser.save_screenshot(str(shot))
+        print(f"playground chat screenshot: {shot}")
+
+        browser.execute_script(set_slider, "max_tokens", "1000")
+        browser.execute_script(set_slider, "temperature", "1.5")
+        browser.find_element(By.ID, "message").send_keys("Tell me a long story")
+        browser.find_element(By.ID, "send").click()
+        browser.find_element(By.ID, "stop-button").click()
+        WebDriverWait(browser, 30).until(lambda b: b.find_element(By.ID, "status").text.startswith(("stopped", "done")))
+        browser.find_element(By.ID, "clear").click()
+        assert browser.find_elements(By.CSS_SELECTOR, "#messages .message") == []
+    finally:
+        browser.quit()
+        log = server.stop()
+    assert "Traceback" not in log, log
+    assert shot.is_file() and shot.stat().st_size > 1000

@@ -20,7 +20,23 @@ from gpt.tokenizer import TiktokenTokenizer
 
 transformers = pytest.importorskip("transformers")
 
-WORDS = ["hello", "world", "What", "is", "2", "+", "37", "?", "Ünïcødé", "naïve", "日本", "emoji 🙂", "tabs\t", "new\nline", "  spaces"]
+WORDS = [
+    "hello",
+    "world",
+    "What",
+    "is",
+    "2",
+    "+",
+    "37",
+    "?",
+    "Ünïcødé",
+    "naïve",
+    "日本",
+    "emoji 🙂",
+    "tabs\t",
+    "new\nline",
+    "  spaces",
+]
 
 
 def random_conversation(rng: random.Random) -> list[dict]:
