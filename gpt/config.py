@@ -199,6 +199,9 @@ class DataSettings:
     # auto: local/disk records with "messages" (or Alpaca's instruction/output) are conversations
     # (gpt.chat), anything else text | text | chat (say so for Hub conversation sets)
     format: str = "auto"
+    # conversations: each batch comes from one of this many groups of similar length (less
+    # padding; every conversation stays equally likely); 1: from all of them alike
+    length_buckets: int = 8
 
     def __post_init__(self) -> None:
         check_types(self, "data")
@@ -210,7 +213,7 @@ class DataSettings:
             raise TinyGPTError(f"data.format={self.format!r} is unknown; use auto, text or chat")
         if self.source == MISSING:
             raise TinyGPTError("data.source is required: pick a dataset with data=<name>, or set data.source.kind=...")
-        _at_least(self, "data", 1, ("num_proc", "max_docs", "max_tokens", "shard_tokens"))
+        _at_least(self, "data", 1, ("num_proc", "max_docs", "max_tokens", "shard_tokens", "length_buckets"))
 
 
 # --- training --------------------------------------------------------------------------------

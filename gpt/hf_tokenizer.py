@@ -32,6 +32,7 @@ class HFTokenizer:
 
     def __init__(self, name: str | None = None, json_text: str | None = None):
         self.name = name
+        self._with_specials = None
         self.json_text = json_text if json_text is not None else _fetch(name)
         self.tok = _parse(self.json_text, name or "the tokenizer")
         self.tok.encode_special_tokens = True  # ordinary text never turns into a control token
@@ -48,6 +49,13 @@ class HFTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Text that spells special tokens as those tokens: for what a chat template writes,
+        never for what a user wrote (gpt.chat.hf_template)."""
+        if getattr(self, "_with_specials", None) is None:
+            self._with_specials = _parse(self.json_text, self.name or "the tokenizer")  # encode_special_tokens off
+        return self._with_specials.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)  # broken UTF-8 pieces become U+FFFD

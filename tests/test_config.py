@@ -80,6 +80,9 @@ def test_the_other_commands_compose():
     assert compose("sample", []).temperature == SamplingSettings().temperature
     assert compose("eval", []).data is None and compose("eval", ["data=shakespeare"]).data.name == "shakespeare"
     assert compose("export", ["out=x"]).out == "x" and compose("sweep", ["dir=y"]).dir == "y"
+    from gpt.config import ChatConfig
+
+    assert compose("chat", []) == ChatConfig() and compose("chat", ["temperature=0"]).temperature == 0
 
 
 @pytest.mark.parametrize("group", ("model", "data", "optim", "task"))

@@ -189,11 +189,11 @@ def stubbed(monkeypatch, tmp_path):
     """The commands other than train run through `tinygpt`'s entry point with their work
     replaced by a recorder: they compose and check their settings as they do for a user (the
     verbatim keys, --help and --cfg included), then hand them over here instead of running."""
+    from gpt.apps import chat, export, prepare, sample, serve, sweep
     from gpt.apps import eval as eval_app
-    from gpt.apps import export, prepare, sample, serve, sweep
 
     handed: list[tuple[str, object]] = []
-    for module, name in [(sample, "sample"), (eval_app, "evaluate"), (export, "export"), (prepare, "prepare")]:
+    for module, name in [(sample, "sample"), (eval_app, "evaluate"), (export, "export"), (prepare, "prepare"), (chat, "chat")]:
         monkeypatch.setattr(module, name, lambda settings, *args, _name=name, **kwargs: handed.append((_name, settings)))
     monkeypatch.setattr(serve, "serve", lambda settings: handed.append(("serve", settings)))
     monkeypatch.setattr(sweep, "summarise", lambda settings: handed.append(("summarise", settings)))

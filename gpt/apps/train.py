@@ -292,7 +292,10 @@ def _task(cfg) -> float:
                 except Exception as e:  # a plot or a full disk must not turn the stop into a failure
                     logger.warning(f"could not write the leaderboard: {e}")
             raise
-        say(f"sample with: {_command('sample')} run_dir={settings.paths.output_dir}")
+        if summary.get("chat"):  # finetuned on conversations: a chat model
+            say(f"chat with: tinygpt chat run_dir={settings.paths.output_dir}")
+        else:
+            say(f"sample with: {_command('sample')} run_dir={settings.paths.output_dir}")
         return summary.get("best_val_loss", float("nan"))  # what a sweeper minimises
 
     def sweep_job() -> float:

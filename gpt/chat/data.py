@@ -15,9 +15,11 @@ data prepared before exactly as it was.
 
 Batches are padded, not packed: each row is one whole conversation from its first token, as a
 chat model meets it, so no conversation attends to another's tokens and the val loss is the
-loss of real chats. Rows are padded to the batch's longest conversation (not the context), and
-the pad's share of the batch is reported; conversations longer than the context are left out,
-and how many is said.
+loss of real chats. Rows are padded to the batch's longest conversation (not the context). So
+that padding stays small, a batch is drawn from one of `length_buckets` groups of conversations
+of similar length (the group with probability in proportion to its size, then uniformly in it:
+every conversation is as likely as before to be drawn, as with Hugging Face's group_by_length).
+Conversations longer than the context are left out, and how many is said.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ import numpy as np
 import torch
 
 from gpt import io
-from gpt.chat.template import ChatTokenizer, check_messages
+from gpt.chat.template import NAME as TEMPLATE
+from gpt.chat.template import check_messages, with_template
 from gpt.data.prepare import fingerprint, token_dtype
 from gpt.errors import TinyGPTError
 from gpt.hf_tokenizer import train_bpe
@@ -101,11 +104,12 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
     """Prepare the records' conversations into out_dir unless data with the same fingerprint is
     there; returns its meta. settings: identity (of the source), val_fraction, seed, max_docs."""
     spec = without_template(tokenizer_spec)
+    template = tokenizer_spec.get("chat") or {"template": TEMPLATE}  # a Hugging Face tokenizer's own, else tinygpt's
     fitted = (spec["kind"] == "char" and "chars" not in spec) or (spec["kind"] == "bpe" and "json_text" not in spec)
     base = None if fitted else tokenizer_from_dict(spec)
     identity = tokenizer_identity(spec if fitted else base.to_dict())
     keys = ("identity", "val_fraction", "seed", "max_docs")
-    fp_settings = {"chat": True, **{k: settings.get(k) for k in keys}, "tokenizer": identity}
+    fp_settings = {"chat": template, **{k: settings.get(k) for k in keys}, "tokenizer": identity}
     fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp)
     if meta is not None:
@@ -114,7 +118,7 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
     conversations, skipped = _conversations(records, settings.get("max_docs"))
     if base is None:
         base = _fit(spec, conversations, log)
-    tok = ChatTokenizer(base)
+    tok = with_template(base, template)
     rendered = [tok.render(messages, where) for where, messages in conversations]
     n = len(rendered)
     if n < 2:
@@ -244,6 +248,7 @@ class ConversationBatches:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        length_buckets: int = 1,
     ):
         self.split, self.device = split, device
         lengths = split.lengths()
@@ -257,11 +262,17 @@ class ConversationBatches:
         self.rows = slice(rank * batch_size, (rank + 1) * batch_size)
         self.global_batch = batch_size * world_size
         self.generator = torch.Generator().manual_seed(seed)
+        by_length = self.eligible[np.argsort(lengths[self.eligible], kind="stable")]
+        self.buckets = [b for b in np.array_split(by_length, max(1, min(length_buckets, len(by_length)))) if len(b)]
+        self._weights = torch.tensor([len(b) for b in self.buckets], dtype=torch.float)
         self.padding = 0.0  # the share of the last batch's positions that were padding
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        draws = torch.randint(len(self.eligible), (self.global_batch,), generator=self.generator)[self.rows].numpy()
-        chosen = [self.split.conversation(int(self.eligible[d])) for d in draws]
+        bucket = self.buckets[0]
+        if len(self.buckets) > 1:
+            bucket = self.buckets[int(torch.multinomial(self._weights, 1, generator=self.generator))]
+        draws = torch.randint(len(bucket), (self.global_batch,), generator=self.generator)[self.rows].numpy()
+        chosen = [self.split.conversation(int(bucket[d])) for d in draws]
         width = max(len(ids) for ids, _ in chosen) - 1
         x = np.zeros((len(chosen), width), dtype=np.int64)
         y = np.full((len(chosen), width), IGNORE, dtype=np.int64)
@@ -280,8 +291,8 @@ class ConversationBatches:
 
 
 def first_turn(split: ChatSplit, tokenizer) -> tuple[list[int], str]:
-    """The ids of a split's first conversation up to its first assistant role token (a prompt
-    for a sample at eval), and that prompt as text."""
-    ids = split.conversation(0)[0].tolist()
-    cut = ids.index(tokenizer.role_ids["assistant"]) + 1
-    return ids[:cut], tokenizer.decode(ids[:cut])
+    """The ids of a split's first conversation up to its first trained id, where the assistant's
+    first reply begins (a prompt for a sample at eval), and that prompt as text."""
+    ids, mask = split.conversation(0)
+    cut = int(np.argmax(mask))
+    return ids[:cut].tolist(), tokenizer.decode(ids[:cut].tolist())

@@ -2,14 +2,16 @@
 exactly, to show on a CPU in minutes that supervised finetuning teaches a model to answer.
 
 Skills (each reply is short and has one right answer):
-- arithmetic: "What is 347 + 58?" -> "405" (two numbers of 2-3 digits, + or -, never negative)
+- arithmetic: "What is 47 + 58?" -> "105" (two 2-digit numbers, + or -, never negative; 3-digit
+  operands are beyond what this suite's small CPU models learn in minutes, see benchmarks/chat.py)
 - reverse: "Reverse the word 'plank'." -> "knalp"
 - count: "How many times does the letter 'a' appear in 'banana'?" -> "3"
 - spell: "Spell 'stone' letter by letter." -> "s-t-o-n-e"
 - name: "What is your name?" (several phrasings) -> "I am tinygpt, a small language model."
 
-Each skill's questions come in a few phrasings, and one conversation in four opens with a system
-message, so the model must read the question rather than match one string. The test split holds
+Each skill's questions come in a few phrasings, one conversation in four opens with a system
+message, and one in five asks a question of another skill first (answered), so the model must
+read the last question rather than match one string. The test split holds
 questions that appear nowhere in the train split (the numbers or the word differ); the name
 skill's phrasings are shared by design (it is a fact to remember, not a computation).
 
@@ -38,7 +40,7 @@ def _word(rng: random.Random) -> str:
 
 
 def arithmetic(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(10, 999), rng.randint(10, 999)
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
     if rng.random() < 0.5:
         q, ans = f"{a} + {b}", a + b
     else:
@@ -80,18 +82,28 @@ SKILLS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
 
 
 def conversation(skill: str, rng: random.Random) -> dict:
-    question, answer = SKILLS[skill](rng)
+    """A conversation whose last reply is `skill`'s answer."""
     messages = [{"role": "system", "content": rng.choice(SYSTEM)}] if rng.random() < 0.25 else []
+    if rng.random() < 0.2:  # an earlier exchange first, of any skill
+        question, answer = SKILLS[rng.choice(list(SKILLS))](rng)
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    question, answer = SKILLS[skill](rng)
     messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     return {"messages": messages, "skill": skill}
 
 
+# Arithmetic is the hardest skill to learn (carries): it gets half of the train split (the test
+# split holds the skills equally).
+TRAIN_SHARES = {"arithmetic": 4, "reverse": 1, "count": 1, "spell": 1, "name": 1}
+
+
 def suite(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(train, test) conversations, the skills in turn; no test question is a train question
-    (except the name skill's few phrasings)."""
+    """(train, test) conversations, the skills in turn (train by TRAIN_SHARES); no test question
+    is a train question (except the name skill's few phrasings)."""
     rng = random.Random(seed)
+    cycle = [skill for skill, share in TRAIN_SHARES.items() for _ in range(share)]
+    train = [conversation(cycle[i % len(cycle)], rng) for i in range(n_train)]
     skills = list(SKILLS)
-    train = [conversation(skills[i % len(skills)], rng) for i in range(n_train)]
     seen = {c["messages"][-2]["content"] for c in train}
     test: list[dict] = []
     while len(test) < n_test:

@@ -188,12 +188,16 @@ def jinja_template(eot: str | None) -> str:
 
 
 def with_template(base, spec: dict | None):
-    """`base` with the chat template a tokenizer's dict form records (its "chat" entry), or as
-    it is when the record names none."""
+    """`base` with the chat template a tokenizer's dict form records (its "chat" entry): tinygpt's
+    own, or a Hugging Face tokenizer's (gpt.chat.hf_template); as it is when the record names none."""
     if not spec:
         return base
-    if spec.get("template") != NAME:
-        raise TinyGPTError(
-            f"chat template {spec.get('template')!r} is not one this tinygpt knows ({NAME}); upgrade tinygpt to use this model"
-        )
-    return ChatTokenizer(base)
+    if spec.get("template") == NAME:
+        return ChatTokenizer(base)
+    if spec.get("template") == "hf" and getattr(base, "kind", None) == "hf":
+        from gpt.chat.hf_template import HFChatTokenizer
+
+        return HFChatTokenizer(base, spec)
+    raise TinyGPTError(
+        f"chat template {spec.get('template')!r} is not one this tinygpt knows ({NAME}, hf); upgrade tinygpt to use this model"
+    )

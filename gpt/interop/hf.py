@@ -157,7 +157,18 @@ def tokenizer_for(folder: Path, vocab_size: int, gpt2_vocab: bool = False) -> di
     if gpt2_vocab and vocab_size in (50257, 50304):  # GPT-2's, or padded to a multiple of 64
         return {"kind": "tiktoken", "name": "gpt2", "ranks_file": None, "vocab_size": 50257}
     if (folder / "tokenizer.json").is_file():
-        return HFTokenizer(str(folder)).to_dict()
+        spec = HFTokenizer(str(folder)).to_dict()
+        config = folder / "tokenizer_config.json"
+        if config.is_file():  # a chat template of its own (gpt.chat.hf_template) travels with it
+            from gpt.chat.hf_template import template_of
+
+            try:
+                chat = template_of(json.loads(config.read_text(encoding="utf-8")))
+            except ValueError:
+                chat = None
+            if chat:
+                spec["chat"] = chat
+        return spec
     return None
 
 
@@ -189,6 +200,7 @@ def write_chat_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
 
     from gpt.chat.template import SPECIAL_TOKENS, jinja_template
 
+    own = getattr(tokenizer, "spec", {}).get("template") == "hf"  # a Hugging Face tokenizer's own template: kept
     if (out / "tokenizer.json").is_file():  # a Hugging Face tokenizer or a trained BPE
         tok = Tokenizer.from_str((out / "tokenizer.json").read_text(encoding="utf-8"))
     else:  # GPT-2's BPE, from the vocab.json/merges.txt just written
@@ -196,23 +208,26 @@ def write_chat_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([AddedToken(tokenizer.decode([tokenizer.eot_id]), special=True, normalized=False)])
-    if tok.get_vocab_size(with_added_tokens=True) != tokenizer.base.vocab_size:
-        raise TinyGPTError(
-            f"cannot export the chat template: the tokenizer files hold {tok.get_vocab_size(with_added_tokens=True)} "
-            f"tokens, tinygpt's base tokenizer {tokenizer.base.vocab_size}"
-        )
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    if not own:
+        if tok.get_vocab_size(with_added_tokens=True) != tokenizer.base.vocab_size:
+            raise TinyGPTError(
+                f"cannot export the chat template: the tokenizer files hold {tok.get_vocab_size(with_added_tokens=True)} "
+                f"tokens, tinygpt's base tokenizer {tokenizer.base.vocab_size}"
+            )
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     io.write_bytes(out / "tokenizer.json", tok.to_str().encode("utf-8"))
     eot = tokenizer.decode([tokenizer.eot_id]) if tokenizer.eot_id is not None else None
+    end = tokenizer.decode([tokenizer.end_id])
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
-        "chat_template": jinja_template(eot),
-        "eos_token": "<|end|>",
-        "pad_token": "<|end|>",
+        "chat_template": tokenizer.spec["jinja"] if own else jinja_template(eot),
+        "eos_token": end,
+        "pad_token": end,
     }
-    if eot is not None:
-        config["bos_token"] = eot
+    bos = tokenizer.spec.get("bos") if own else eot
+    if bos is not None:
+        config["bos_token"] = bos
     io.write_json(out / "tokenizer_config.json", config, indent=2)
     stops = [tokenizer.end_id] + ([tokenizer.eot_id] if tokenizer.eot_id is not None else [])
     io.write_json(out / "generation_config.json", {"eos_token_id": stops, "pad_token_id": tokenizer.end_id}, indent=2)

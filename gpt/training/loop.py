@@ -187,6 +187,7 @@ class Trainer:
                 params=r.model.num_params(),
                 overrides=self.overrides,
                 model=architectures.summary(r.model_config),
+                chat=r.data.chat is not None,  # trained on conversations (gpt.chat): `tinygpt chat` talks to it
             )
             tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]
             summary.update(best_elapsed_s=r.progress.best_elapsed_s)

@@ -84,6 +84,7 @@ class Run:
                 seed=seed,
                 rank=self.dist.rank,
                 world_size=self.dist.world_size,
+                length_buckets=self.cfg.data.length_buckets,
             )
         return self.windows(getattr(self.data, split), batch_size, seed)
 

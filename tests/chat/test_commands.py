@@ -81,7 +81,8 @@ def test_sft_adds_the_template_trains_replies_and_records_it(runs):
     ckpt = checkpoint.load(sft / "checkpoints" / "best.pt")
     assert ckpt.tokenizer["chat"]["template"] == "tinygpt-v1" and ckpt.model_config["vocab_size"] == 261
     summary = json.loads((sft / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["final_val_loss"] is not None
+    assert summary["status"] == "finished" and summary["final_val_loss"] is not None and summary["chat"] is True
+    assert f"chat with: tinygpt chat run_dir={sft}" in stdout
 
 
 def chat_cli(runs, *args, stdin: str):
@@ -259,3 +260,31 @@ def test_playground_chat_mode_in_a_headless_browser(runs, tmp_path):
         log = server.stop()
     assert "Traceback" not in log, log
     assert shot.is_file() and shot.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_sft_resumes_bitwise_full_and_lora(runs, tmp_path, lora):
+    """A finetune stopped by SIGTERM after step 6 and resumed gives the uninterrupted run's loss at
+    every step, bit for bit: the conversation draw resumes with its generator; under LoRA the
+    token table trains too (the template's new rows must learn) and resumes alike."""
+    import torch
+
+    from helpers import compose, train_recording_losses
+
+    cwd, root, base, *_ = runs
+    overrides = [
+        "experiment=sft", f"init_from={base}", "data=local", f"data.source.path={cwd / 'chats.jsonl'}", "data.name=chats",
+        "train.max_iters=10", "train.eval_interval=5", "train.eval_iters=1", "train.batch_size=4", "train.sample_tokens=0",
+        "threads=1", f"paths.data_dir={root}", f"finetune.lora_rank={lora}",
+    ]  # fmt: skip
+    full = train_recording_losses(compose(overrides, tmp_path / "full"))
+    first = train_recording_losses(compose(overrides, tmp_path / "split"), stop_after=6)
+    rest = train_recording_losses(compose(overrides, tmp_path / "split"))
+    assert sorted(first) == list(range(1, 7)) and sorted(rest) == list(range(7, 11))
+    assert {**first, **rest} == full
+    a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)).model for d in ("full", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    start = checkpoint.load(base / "checkpoints" / "best.pt").model["transformer.wte.weight"]
+    trained = a["transformer.wte.weight"]
+    assert not torch.equal(trained[257:], trained[257:].mean(0).expand(4, -1))  # the new rows moved apart
+    assert trained.shape[0] == start.shape[0] + 4

@@ -183,3 +183,40 @@ def test_ranks_draw_slices_of_one_global_batch():
     for r, (xr, yr) in enumerate(parts):
         width = xr.size(1)
         assert torch.equal(yr, y[2 * r : 2 * r + 2, :width]) and (y[2 * r : 2 * r + 2, width:] == IGNORE).all()
+
+
+def varied_split(tok: ChatTokenizer, n: int = 40) -> ChatSplit:
+    rendered = [
+        tok.render([{"role": "user", "content": "q" * (1 + i)}, {"role": "assistant", "content": "a" * (1 + (7 * i) % 13)}])
+        for i in range(n)
+    ]
+    tokens = np.array([i for ids, _ in rendered for i in ids], dtype=np.uint16)
+    mask = np.array([m for _, ms in rendered for m in ms], dtype=np.uint8)
+    return ChatSplit(tokens, mask, np.concatenate([[0], np.cumsum([len(ids) for ids, _ in rendered])]))
+
+
+def test_length_buckets_cut_padding_and_keep_every_conversation_equally_likely():
+    tok = ChatTokenizer(ByteTokenizer())
+    split = varied_split(tok)
+    cpu = torch.device("cpu")
+    plain, grouped = (ConversationBatches(split, 128, 8, cpu, seed=2, length_buckets=b) for b in (1, 5))
+    assert len(grouped.buckets) == 5 and sorted(np.concatenate(grouped.buckets).tolist()) == list(range(40))
+    padding = {}
+    counts = np.zeros(40)
+    inputs = [split.conversation(i)[0][:-1].astype(np.int64) for i in range(40)]
+
+    def which(row) -> int:  # the conversation a row holds: its inputs, then padding (0)
+        return next(i for i, ids in enumerate(inputs) if np.array_equal(row[: len(ids)], ids) and not row[len(ids) :].any())
+
+    for name, batches in (("plain", plain), ("grouped", grouped)):
+        shares = []
+        for _ in range(400):
+            x, y = batches.next()
+            shares.append(batches.padding)
+            if name == "grouped":
+                for row in x.numpy():
+                    counts[which(row)] += 1
+        padding[name] = float(np.mean(shares))
+    assert padding["grouped"] < padding["plain"] / 2, padding
+    expected = counts.sum() / 40  # 80 draws each
+    assert counts.min() > expected * 0.6 and counts.max() < expected * 1.4, counts
