@@ -73,7 +73,6 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
         if not tied:
             head.weight[base_vocab:need] = head.weight[:base_vocab].mean(dim=0)
     model.config.vocab_size = max(model.config.vocab_size, need)
-    model.new_token_rows = (base_vocab, need)  # prepare_finetune keeps them trainable under LoRA
     log(
         f"chat template: {need - base_vocab} special tokens added (ids {base_vocab}-{need - 1}), initialised to the mean embedding"
     )
@@ -83,8 +82,10 @@ def _token_table(model) -> torch.nn.Embedding:
     return model.transformer.wte if hasattr(model, "transformer") else model.embedding
 
 
-def prepare_finetune(model, ft: FinetuneSettings, log=print) -> dict | None:
-    """Apply LoRA and freezing as configured; returns the LoRA settings (None without LoRA)."""
+def prepare_finetune(model, ft: FinetuneSettings, log=print, new_tokens: bool = False) -> dict | None:
+    """Apply LoRA and freezing as configured; returns the LoRA settings (None without LoRA).
+    `new_tokens`: the data's tokenizer has tokens of its own (tinygpt's chat template), whose
+    rows must train even under LoRA. Decided from the data, so a resumed run decides alike."""
     if not (ft.freeze_embeddings or ft.freeze_layers or ft.lora_rank):
         return None
     lora = None
@@ -92,7 +93,7 @@ def prepare_finetune(model, ft: FinetuneSettings, log=print) -> dict | None:
         n = apply_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_dropout)
         lora = {"rank": ft.lora_rank, "alpha": ft.lora_alpha}
         log(f"LoRA rank {ft.lora_rank} on {n} projections; all other weights frozen")
-        if getattr(model, "new_token_rows", None):
+        if new_tokens:
             # New tokens' rows must learn, or every template token would keep the same mean row
             # (as PEFT's modules_to_save does when tokens are added): the token table and the LM
             # head train in full beside the adapters.

@@ -19,6 +19,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt import architectures, checkpoint, distributed, loading, runtime
+from gpt.chat.template import ChatTokenizer
 from gpt.checkpoint import Checkpoint
 from gpt.config import RunConfig, changed_settings
 from gpt.data import Dataset, load_data
@@ -149,7 +150,7 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
             log(notice)
     _resolve_schedule(cfg, resumed, log)
     model, model_config = _model(cfg, data, resumed, log, base)
-    lora = _finetune(model, cfg, resumed, log)
+    lora = _finetune(model, cfg, resumed, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
     model = model.to(rt.device)
     optimizer = build_optimizer(model, cfg.optim, rt.device)
     schedule = CosineSchedule.from_settings(cfg.optim, cfg.train.max_iters)
@@ -302,7 +303,7 @@ def check_data_fits(data: Dataset, block_size: int) -> None:
             )
 
 
-def _finetune(model: nn.Module, cfg: RunConfig, resumed: Checkpoint | None, log) -> dict | None:
+def _finetune(model: nn.Module, cfg: RunConfig, resumed: Checkpoint | None, log, new_tokens: bool = False) -> dict | None:
     """Freezing and LoRA as configured; a resumed LoRA run keeps training its adapters."""
     ft = cfg.finetune
     trained = (resumed.lora or {}).get("rank", 0) if resumed is not None else 0
@@ -314,7 +315,7 @@ def _finetune(model: nn.Module, cfg: RunConfig, resumed: Checkpoint | None, log)
             f"the checkpoint was trained with finetune.lora_rank={trained}; "
             f"resume with that value, or start a new run from it with init_from"
         )
-    return prepare_finetune(model, ft, log)
+    return prepare_finetune(model, ft, log, new_tokens)
 
 
 def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:

@@ -43,6 +43,7 @@ def chatml_folder(tmp_path):
         show_progress=False,
     )
     tok.train_from_iterator([" ".join(WORDS)] * 50 + ["system user assistant You are helpful."] * 20, trainer)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     tok.save(str(tmp_path / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
