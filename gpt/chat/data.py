@@ -28,7 +28,7 @@ import itertools
 import json
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,25 +115,37 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
     if meta is not None:
         return meta
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
-    conversations, skipped = _conversations(records, settings.get("max_docs"))
-    if base is None:
+    counted = {"skipped": 0}
+    conversations = _conversations(records, settings.get("max_docs"), counted)
+    if base is None:  # a tokenizer fitted on the conversations needs all their text first
+        conversations = list(conversations)
         base = _fit(spec, conversations, log)
     tok = with_template(base, template)
-    rendered = [tok.render(messages, where) for where, messages in conversations]
-    n = len(rendered)
+    dtype = token_dtype(tok.vocab_size)
+    # Each conversation as compact arrays (3-5 bytes a token), not lists of Python ints.
+    rendered = []
+    for where, messages in conversations:
+        ids, mask = tok.render(messages, where)
+        rendered.append((np.asarray(ids, dtype=dtype), np.asarray(mask, dtype=np.uint8)))
+    skipped, n = counted["skipped"], len(rendered)
+    if n == 0:
+        raise TinyGPTError(
+            "the dataset holds no conversations"
+            + (f" with an assistant turn ({skipped} without one)" if skipped else "")
+            + "; check data.source"
+        )
     if n < 2:
-        raise TinyGPTError(f"the dataset has {n} conversation(s) with an assistant turn; a train and a val split need at least 2")
+        raise TinyGPTError(f"the dataset has {n} conversation with an assistant turn; a train and a val split need at least 2")
     n_val = min(n - 1, max(1, round(n * float(settings["val_fraction"]))))
     is_val = np.zeros(n, dtype=bool)
     is_val[np.random.default_rng(int(settings["seed"])).permutation(n)[:n_val]] = True
-    dtype = token_dtype(tok.vocab_size)
     written, sums, counts = [], {}, {}
     try:
         for split in SPLITS:
             chosen = [rendered[i] for i in range(n) if is_val[i] == (split == "val")]
             arrays = {
-                "tokens": np.fromiter(itertools.chain.from_iterable(ids for ids, _ in chosen), dtype=dtype),
-                "mask": np.fromiter(itertools.chain.from_iterable(m for _, m in chosen), dtype=np.uint8),
+                "tokens": np.concatenate([ids for ids, _ in chosen]),
+                "mask": np.concatenate([m for _, m in chosen]),
                 "offsets": np.concatenate([[0], np.cumsum([len(ids) for ids, _ in chosen])]).astype(np.int64),
             }
             for name, array in arrays.items():
@@ -174,26 +186,18 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
     return meta
 
 
-def _conversations(records: Iterable, max_docs) -> tuple[list[tuple[str, list[dict]]], int]:
-    """(where, messages) of every record, each checked against the template; and how many had no
-    assistant turn (nothing to learn from them: left out)."""
-    out, skipped = [], 0
+def _conversations(records: Iterable, max_docs, counted: dict) -> Iterator[tuple[str, list[dict]]]:
+    """(where, messages) of each record, checked against the template as it is read; those with
+    no assistant turn (nothing to learn from them) are left out and counted in counted["skipped"]."""
     items = itertools.islice(records, int(max_docs)) if max_docs else records
     for n, record in enumerate(items, 1):
         where = f"record {n}"
         messages = conversation_of(record, where)
         check_messages(messages, where)
         if not any(m["role"] == "assistant" for m in messages):
-            skipped += 1
+            counted["skipped"] += 1
             continue
-        out.append((where, messages))
-    if not out:
-        raise TinyGPTError(
-            "the dataset holds no conversations"
-            + (f" with an assistant turn ({skipped} without one)" if skipped else "")
-            + "; check data.source"
-        )
-    return out, skipped
+        yield where, messages
 
 
 def _fit(spec: dict, conversations, log):
