@@ -297,3 +297,20 @@ def chromium():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1200,900"):
         options.add_argument(arg)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+# --- conversations for the chat tests -----------------------------------------------------------
+
+
+def random_conversation(rng, words: list[str], most_words: int = 8) -> list[dict]:
+    """A conversation of random text from `words`: sometimes a system message, 1-3 exchanges."""
+    text = lambda: " ".join(rng.choice(words) for _ in range(rng.randint(1, most_words)))  # noqa: E731
+    messages = [{"role": "system", "content": text()}] if rng.random() < 0.3 else []
+    for _ in range(rng.randint(1, 3)):
+        messages += [{"role": "user", "content": text()}, {"role": "assistant", "content": text()}]
+    return messages
+
+
+def template_ids(encoded) -> list[int]:
+    """apply_chat_template's ids, whether it returns a list or a BatchEncoding (transformers 5)."""
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

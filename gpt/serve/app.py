@@ -373,25 +373,21 @@ class _Reply:
         total = self.prompt_tokens + self.completion_tokens
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
+    OBJECT, CHUNK = "text_completion", "text_completion"  # the objects' names, whole and streamed
+
+    def choice(self, index: int, text: str, reason: str | None) -> dict:
+        return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
+
     def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices}
+        body = {"id": self.id, "object": self.CHUNK, "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def body(self) -> dict:
-        choices = [
-            {"text": t, "index": i, "logprobs": None, "finish_reason": r}
-            for i, (t, r) in enumerate(zip(self.texts, self.reasons))
-        ]
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-        }
+        choices = [self.choice(i, t, r) for i, (t, r) in enumerate(zip(self.texts, self.reasons))]
+        body = {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model, "choices": choices}
+        return {**body, "usage": self.usage()}
 
 
 async def _cancel_on_disconnect(request: Request, job: Job, events: asyncio.Queue) -> None:
@@ -454,28 +450,7 @@ class _ChatReply(_Reply):
             out.append({"index": entry["index"], "delta": delta, "logprobs": None, "finish_reason": entry["finish_reason"]})
         return out
 
-    def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        body = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    OBJECT, CHUNK = "chat.completion", "chat.completion.chunk"
 
-    def body(self) -> dict:
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
-            for i, (t, r) in enumerate(zip(self.texts, self.reasons))
-        ]
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-        }
+    def choice(self, index: int, text: str, reason: str | None) -> dict:
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}

@@ -52,15 +52,14 @@ _TYPES = typing.get_type_hints(SamplingSettings)
 _Controls = create_model("_Controls", __config__=STRICT, **{n: (_TYPES[n], d) for n, d in CONTROLS.items()})
 
 
-class CompletionRequest(_Controls):
-    """Defaults are OpenAI's (max_tokens 16, temperature 1, no top-k); `seed` absent draws one.
-    The fields of _Controls are tinygpt's (CONTROLS); any other key is refused."""
+class _Request(_Controls):
+    """What both endpoints take: the model, OpenAI's sampling parameters (its defaults:
+    temperature 1, no top-k; `seed` absent draws one), streaming, and tinygpt's controls (the
+    fields of _Controls, CONTROLS); any other key is refused."""
 
     model_config = STRICT
 
     model: str | None = None  # one of GET /v1/models' ids; absent: the first
-    prompt: str | list[str] | list[int] | list[list[int]] = ""
-    max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0, le=100)  # 0 = greedy
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1)
@@ -70,10 +69,6 @@ class CompletionRequest(_Controls):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored
     # OpenAI's, accepted only when off (null counts as off)
-    logprobs: int | None = None
-    echo: bool | None = False
-    suffix: str | None = None
-    best_of: int | None = 1
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
@@ -92,13 +87,20 @@ class CompletionRequest(_Controls):
         """tinygpt's controls: as asked, else their defaults (CONTROLS)."""
         return {name: getattr(self, name) for name in CONTROLS}
 
+
+class CompletionRequest(_Request):
+    """POST /v1/completions: a prompt; max_tokens defaults to OpenAI's 16."""
+
+    prompt: str | list[str] | list[int] | list[list[int]] = ""
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = 1
+
     def unsupported(self) -> str | None:
         """The message for the first OpenAI parameter set to something this server cannot do."""
-        for name, (off, message) in UNSUPPORTED.items():
-            value = getattr(self, name)
-            if value not in (off, None) and not (name == "logit_bias" and value == {}):
-                return message
-        return None
+        return _first_unsupported(self, UNSUPPORTED)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts: text, or token ids (a list of ints is one prompt)."""
@@ -107,6 +109,16 @@ class CompletionRequest(_Controls):
         if self.prompt and isinstance(self.prompt[0], int):
             return [list(self.prompt)]
         return list(self.prompt)
+
+
+def _first_unsupported(request, names) -> str | None:
+    """UNSUPPORTED's message for the first of `names` that `request` sets to something but off."""
+    for name in names:
+        off, message = UNSUPPORTED[name]
+        value = getattr(request, name)
+        if value not in (off, None) and not (name == "logit_bias" and value == {}):
+            return message
+    return None
 
 
 class ChatMessage(BaseModel):
@@ -124,41 +136,19 @@ class ChatMessage(BaseModel):
         return "".join(part["text"] for part in self.content)
 
 
-class ChatCompletionRequest(_Controls):
-    """OpenAI's chat completions body: `messages` instead of `prompt`; the reply ends at the
-    chat template's end of turn, or at max_tokens (absent: the server's limit)."""
+class ChatCompletionRequest(_Request):
+    """POST /v1/chat/completions: `messages` instead of `prompt`; the reply ends at the chat
+    template's end of turn, or at max_tokens (absent: the server's limit)."""
 
-    model_config = STRICT
-
-    model: str | None = None
     messages: list[ChatMessage]
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
-    temperature: float = Field(1.0, ge=0, le=100)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
     logprobs: bool | None = False
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-
-    _stops = field_validator("stop")(CompletionRequest._stops.__func__)
-    controls = CompletionRequest.controls
 
     def unsupported(self) -> str | None:
         if self.logprobs:
             return "logprobs are not supported"
-        for name in ("logit_bias", "presence_penalty", "frequency_penalty"):
-            off, message = UNSUPPORTED[name]
-            value = getattr(self, name)
-            if value not in (off, None) and not (name == "logit_bias" and value == {}):
-                return message
-        return None
+        return _first_unsupported(self, ("logit_bias", "presence_penalty", "frequency_penalty"))
 
 
 def describe(error: ValidationError, data: dict, request=CompletionRequest) -> tuple[str, str | None, str | None]:

@@ -17,6 +17,7 @@ from gpt.generation import generate
 from gpt.hf_tokenizer import train_bpe
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizer import TiktokenTokenizer
+from helpers import random_conversation, template_ids
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,19 +38,6 @@ WORDS = [
     "new\nline",
     "  spaces",
 ]
-
-
-def random_conversation(rng: random.Random) -> list[dict]:
-    text = lambda: " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8)))  # noqa: E731
-    messages = [{"role": "system", "content": text()}] if rng.random() < 0.3 else []
-    for _ in range(rng.randint(1, 3)):
-        messages += [{"role": "user", "content": text()}, {"role": "assistant", "content": text()}]
-    return messages
-
-
-def ids_of(encoded) -> list[int]:
-    """apply_chat_template's ids, whether it returns a list or a BatchEncoding (transformers 5)."""
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
 def export_chat_model(tok: ChatTokenizer, out) -> GPT:
@@ -74,10 +62,10 @@ def test_apply_chat_template_gives_tinygpt_ids_for_50_random_conversations(kind,
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     rng = random.Random(0)
     for _ in range(50):
-        messages = random_conversation(rng)
-        assert ids_of(hf.apply_chat_template(messages, tokenize=True)) == tok.render(messages)[0]
+        messages = random_conversation(rng, WORDS)
+        assert template_ids(hf.apply_chat_template(messages, tokenize=True)) == tok.render(messages)[0]
         asking = messages[:-1]
-        assert ids_of(hf.apply_chat_template(asking, tokenize=True, add_generation_prompt=True)) == tok.prompt(asking)
+        assert template_ids(hf.apply_chat_template(asking, tokenize=True, add_generation_prompt=True)) == tok.prompt(asking)
 
 
 def test_a_transformers_pipeline_chats_with_the_export_as_tinygpt_does(tmp_path, gpt2_ranks):

@@ -14,7 +14,7 @@ from gpt.chat.hf_template import HFChatTokenizer, template_of
 from gpt.hf_tokenizer import HFTokenizer
 from gpt.interop.hf import tokenizer_for
 from gpt.tokenizer import tokenizer_from_dict
-from helpers import data_settings, load
+from helpers import data_settings, load, random_conversation, template_ids
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,18 +50,6 @@ def chatml_folder(tmp_path):
     return tmp_path
 
 
-def conversation(rng: random.Random) -> list[dict]:
-    text = lambda: " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))  # noqa: E731
-    messages = [{"role": "system", "content": text()}] if rng.random() < 0.3 else []
-    for _ in range(rng.randint(1, 3)):
-        messages += [{"role": "user", "content": text()}, {"role": "assistant", "content": text()}]
-    return messages
-
-
-def ids_of(encoded) -> list[int]:
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-
-
 def test_renders_as_apply_chat_template_does(tmp_path):
     folder = chatml_folder(tmp_path)
     spec = tokenizer_for(folder, 400)
@@ -71,10 +59,10 @@ def test_renders_as_apply_chat_template_does(tmp_path):
     hf = transformers.AutoTokenizer.from_pretrained(str(folder))
     rng = random.Random(0)
     for _ in range(50):
-        messages = conversation(rng)
-        assert ids_of(hf.apply_chat_template(messages, tokenize=True)) == tok.render(messages)[0]
+        messages = random_conversation(rng, WORDS, 6)
+        assert template_ids(hf.apply_chat_template(messages, tokenize=True)) == tok.render(messages)[0]
         asking = messages[:-1]
-        assert ids_of(hf.apply_chat_template(asking, tokenize=True, add_generation_prompt=True)) == tok.prompt(asking)
+        assert template_ids(hf.apply_chat_template(asking, tokenize=True, add_generation_prompt=True)) == tok.prompt(asking)
 
 
 def test_mask_is_the_replies_and_their_end_of_turn(tmp_path):
