@@ -165,7 +165,12 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
     run.step_model, run.eval_model = _wrap(model, rt, dist)
     log(
         f"model {architectures.summary(model_config)}: {model.num_params():,} parameters; micro-batch {cfg.train.batch_size} x "
-        f"accum {cfg.train.grad_accum_steps} x {dist.world_size} process(es) = global batch of {run.tokens_per_step:,} tokens/step"
+        f"accum {cfg.train.grad_accum_steps} x {dist.world_size} process(es) = global batch of "
+        + (
+            f"{run.tokens_per_step // model_config.block_size:,} conversations/step (each padded to the longest of its length group)"
+            if data.chat is not None
+            else f"{run.tokens_per_step:,} tokens/step"
+        )
     )
     log(f"optimizer {optimizer.describe()}")
     notice = rt.threads.load_notice()  # other work on our cores: said once, the count kept

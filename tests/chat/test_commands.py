@@ -78,6 +78,7 @@ def test_sft_adds_the_template_trains_replies_and_records_it(runs):
     assert "chat template: 4 special tokens added (ids 257-260), initialised to the mean embedding" in stdout
     assert "are left out:" in stdout  # the long ones: said, with counts
     assert "<|user|>" in stdout and "<|assistant|>" in stdout  # the final sample is a reply to a conversation
+    assert "global batch of 8 conversations/step" in stdout
     ckpt = checkpoint.load(sft / "checkpoints" / "best.pt")
     assert ckpt.tokenizer["chat"]["template"] == "tinygpt-v1" and ckpt.model_config["vocab_size"] == 261
     summary = json.loads((sft / "summary.json").read_text())
