@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpt.chat.template import check_messages
+from gpt.chat.messages import Turns, check_messages
 from gpt.errors import TinyGPTError
 
 NAME = "hf"
@@ -40,7 +40,7 @@ def jinja_environment():
     return env
 
 
-class HFChatTokenizer:
+class HFChatTokenizer(Turns):
     """An `hf` tokenizer with its own chat template: the interface of gpt.chat.template's
     ChatTokenizer (render, prompt, prompt_within, reply_text, end_id, stop_ids, special_ids)."""
 
@@ -121,16 +121,6 @@ class HFChatTokenizer:
     def prompt(self, messages: Sequence[dict], where: str = "the conversation") -> list[int]:
         check_messages(messages, where, for_reply=True)
         return self._ids(self._pieces(messages, True, where), messages)[0]
-
-    def prompt_within(self, messages: Sequence[dict], limit: int, where: str = "the conversation") -> tuple[list[int], int]:
-        from gpt.chat.template import ChatTokenizer
-
-        return ChatTokenizer.prompt_within(self, messages, limit, where)
-
-    def reply_text(self, ids: Sequence[int]) -> str:
-        from gpt.chat.template import ChatTokenizer
-
-        return ChatTokenizer.reply_text(self, ids)
 
     def _end_of_turn(self) -> int:
         """The special token the template writes right after an assistant's message (ChatML's
