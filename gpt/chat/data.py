@@ -38,7 +38,7 @@ import torch
 from gpt import io
 from gpt.chat.template import NAME as TEMPLATE
 from gpt.chat.template import check_messages, with_template
-from gpt.data.prepare import fingerprint, token_dtype
+from gpt.data.prepare import _crc32, _read_stamps, _stamp, fingerprint, token_dtype, write_stamps
 from gpt.errors import TinyGPTError
 from gpt.hf_tokenizer import train_bpe
 from gpt.tokenizer import CharTokenizer, tokenizer_from_dict, tokenizer_identity, without_template
@@ -178,6 +178,8 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
         "skipped_without_reply": skipped,
     }
     io.write_json(out_dir / "meta.json", meta)
+    # checksummed as they were written: the next start needs not read them again
+    write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), {f"{k}.bin": _stamp(out_dir / f"{k}.bin") for k in sums})
     left_out = f"; {skipped:,} without an assistant turn left out" if skipped else ""
     log(
         f"prepared {n:,} conversations ({counts['train']['conversations']:,} train / {counts['val']['conversations']:,} val; "
@@ -212,17 +214,25 @@ def _fit(spec: dict, conversations, log):
 
 
 def read_meta(out_dir: Path, expected: str) -> dict | None:
-    """The meta of intact prepared conversations with this fingerprint, or None."""
+    """The meta of intact prepared conversations with this fingerprint, or None. A file is read
+    for its CRC only when its stamp changed since it was last checked (gpt.data.prepare's stamps:
+    the text shards' mechanism), so a start does not reread a large conversation set."""
     try:
-        meta = json.loads((out_dir / "meta.json").read_text())
+        raw = (out_dir / "meta.json").read_bytes()
+        meta = json.loads(raw)
         if not isinstance(meta, dict) or meta.get("fingerprint") != expected or meta.get("kind") != "chat":
             return None
+        stamps, checked = _read_stamps(out_dir, raw), {}
         for key, crc in meta["crc32"].items():
             path = out_dir / f"{key}.bin"
-            if zlib.crc32(path.read_bytes()) != crc:
+            stamp = _stamp(path)
+            if stamps.get(path.name) != stamp and _crc32(path) != crc:
                 return None
+            checked[path.name] = stamp
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if checked != stamps:
+        write_stamps(out_dir, raw, checked)
     return meta
 
 

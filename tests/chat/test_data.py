@@ -220,3 +220,24 @@ def test_length_buckets_cut_padding_and_keep_every_conversation_equally_likely()
     assert padding["grouped"] < padding["plain"] / 2, padding
     expected = counts.sum() / 40  # 80 draws each
     assert counts.min() > expected * 0.6 and counts.max() < expected * 1.4, counts
+
+
+def test_a_damaged_file_is_prepared_again_and_an_intact_one_is_not_reread(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "chats.jsonl", chats())
+    root = tmp_path / "root"
+    load(settings(path), root)
+    import gpt.chat.data as chat_data
+
+    reads = []
+    real = chat_data._crc32
+    monkeypatch.setattr(chat_data, "_crc32", lambda p: reads.append(p.name) or real(p))
+    load(settings(path), root)
+    assert reads == []  # stamped when written: nothing reread
+    shard = root / "chats" / "train.tokens.bin"
+    damaged = bytearray(shard.read_bytes())
+    damaged[3] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    stamp = (root / "chats" / "meta.json").stat().st_mtime_ns
+    data = load(settings(path), root)
+    assert "train.tokens.bin" in reads and (root / "chats" / "meta.json").stat().st_mtime_ns != stamp
+    assert shard.read_bytes() != bytes(damaged) and len(data.chat["train"]) == 9  # prepared again, whole
