@@ -31,7 +31,21 @@ def config_from_settings(settings, vocab_size: int | None = None):
     d = {f.name: getattr(settings, f.name) for f in fields(settings)}
     if d.get("vocab_size") is None:
         d["vocab_size"] = vocab_size
+    depth, aspect_ratio = d.pop("depth", None), d.pop("aspect_ratio", None)
+    if depth is not None:
+        d.update(depth_shape(depth, aspect_ratio))
     return config_from_dict(d)
+
+
+def depth_shape(depth, aspect_ratio) -> dict:
+    """The shape `model.depth` names: depth layers of depth heads, each head aspect_ratio wide
+    (n_embd = depth * aspect_ratio). One knob that grows width with depth at a fixed ratio, as
+    nanochat's does, so a scaling study walks model sizes with one setting; depth=12 with the
+    default 64 is GPT-2 small's 12 layers, 12 heads, 768 dims."""
+    for name, value in (("depth", depth), ("aspect_ratio", aspect_ratio)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TinyGPTError(f"model.{name} must be a positive integer, got {value!r}")
+    return {"n_layer": depth, "n_head": depth, "n_embd": depth * aspect_ratio}
 
 
 def config_to_dict(config) -> dict:

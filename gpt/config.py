@@ -122,6 +122,11 @@ class GPTSettings:
     logit_softcap: float | None = None  # logits -> c * tanh(logits / c); null: off
     head_dim: int | None = None  # null: n_embd / n_head
     qkv_bias: bool | None = None  # biases on q, k, v; null: as `bias`
+    # The size knob of scaling studies (gpt.architectures.depth_shape): depth sets n_layer = n_head =
+    # depth and n_embd = depth * aspect_ratio (heads aspect_ratio wide; depth=12 is GPT-2 small's
+    # shape); null: n_layer, n_head and n_embd as given
+    depth: int | None = None
+    aspect_ratio: int = 64
 
 
 @dataclass
@@ -238,9 +243,19 @@ class TrainSettings:
     # zero-shot tasks scored at every eval, e.g. [hellaswag]; names checked by gpt.tasks (settings import no behaviour)
     eval_tasks: list[str] = field(default_factory=list)
     eval_task_limit: int = 200  # items of each task scored at an eval (the first ones)
+    # A horizon given as compute instead of steps (either sets max_iters from the model's size,
+    # gpt.scaling.compute): training FLOPs to spend (6N + attention per token), or tokens per parameter
+    flops_budget: float | None = None
+    tokens_per_param: float | None = None
 
     def __post_init__(self) -> None:
         check_types(self, "train")
+        for name in ("flops_budget", "tokens_per_param"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and value != float("inf")):
+                raise TinyGPTError(f"train.{name} must be a number > 0 (or null: train.max_iters steps), got {value!r}")
+        if self.flops_budget is not None and self.tokens_per_param is not None:
+            raise TinyGPTError("train.flops_budget and train.tokens_per_param both set the horizon; give one of them")
         _at_least(
             self,
             "train",

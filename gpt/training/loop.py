@@ -22,6 +22,7 @@ from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError, one_line, out_of_memory
 from gpt.generation import generate
 from gpt.preemption import Preempted, StopRequest
+from gpt.scaling import compute
 from gpt.tasks import evaluate_task, metric_names
 from gpt.tracking import RunRecords, console_redirected, logger
 from gpt.training import saving
@@ -184,7 +185,9 @@ class Trainer:
                 final_val_loss=self.last_eval.get("val"),
                 tokens_seen=r.progress.step * r.tokens_per_step,
                 run_dir=str(r.out_dir),
-                params=r.model.num_params(),
+                **compute.counts(r.model),  # params, params_non_embedding, flops_per_token
+                flops=r.progress.step * r.tokens_per_step * r.model.flops_per_token(),  # training FLOPs so far
+                flops_budget=self.ts.flops_budget,
                 overrides=self.overrides,
                 model=architectures.summary(r.model_config),
                 chat=r.data.chat is not None,  # trained on conversations (gpt.chat): `tinygpt chat` talks to it
@@ -269,6 +272,7 @@ class Trainer:
             best_val_loss=p.best_val,
             final_val_loss=losses["val"],
             tokens_seen=seen,
+            flops=seen * r.model.flops_per_token(),
             tokens_per_s=self.tokens_per_s,
             wall_s=time.time() - self.t_start,
             elapsed_s=self.elapsed(),

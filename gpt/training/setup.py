@@ -28,6 +28,7 @@ from gpt.data.prepare import SIZES
 from gpt.errors import TinyGPTError
 from gpt.finetune import initial_model, prepare_finetune
 from gpt.optim import CosineSchedule, Optimizer, build_optimizer
+from gpt.scaling import compute
 from gpt.tasks import check_names as check_task_names
 from gpt.tokenizer import require_same
 from gpt.tracking import ensure_console_logging, logger
@@ -117,11 +118,6 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
     # data is downloaded and prepared.
     architectures.config_from_settings(cfg.model, vocab_size=1)
     check_task_names(cfg.train.eval_tasks)
-    if cfg.train.eval_iters > cfg.train.max_iters:
-        # A smoke run of a big recipe (max_iters=20, eval_iters=200) would spend far longer
-        # evaluating than training: never evaluate on more batches than it trains on.
-        log(f"notice: eval_iters {cfg.train.eval_iters} -> {cfg.train.max_iters} (no more eval batches than training steps)")
-        cfg.train.eval_iters = cfg.train.max_iters
     rt = runtime.setup(
         cfg.device, cfg.dtype, cfg.compile, dist.local_rank if dist.enabled else None, cfg.threads, dist.local_world_size
     )
@@ -148,8 +144,9 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
         notice = rt.threads.adopt(state.threads)
         if notice:
             log(notice)
-    _resolve_schedule(cfg, resumed, log)
     model, model_config = _model(cfg, data, resumed, log, base)
+    _resolve_horizon(cfg, model, model_config, dist, log)
+    _resolve_schedule(cfg, resumed, log)
     lora = _finetune(model, cfg, resumed, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
     model = model.to(rt.device)
     optimizer = build_optimizer(model, cfg.optim, rt.device)
@@ -199,6 +196,29 @@ def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log, p
             "this experiment needs a model to start from: pass init_from=<run dir | checkpoint | gpt2 | HF folder>"
         )
     return source
+
+
+def _resolve_horizon(cfg: RunConfig, model: nn.Module, model_config, dist: distributed.Dist, log) -> None:
+    """train.max_iters from a horizon given as compute (train.flops_budget / tokens_per_param),
+    and the start-up line on what the run costs. Then no more eval batches than training steps:
+    a smoke run of a big recipe (max_iters=20, eval_iters=200) would spend far longer evaluating
+    than training."""
+    ts = cfg.train
+    tokens_per_step = ts.batch_size * model_config.block_size * ts.grad_accum_steps * dist.world_size
+    figures = compute.counts(model)
+    steps = compute.steps_for(ts, figures["flops_per_token"], figures["params_non_embedding"], tokens_per_step)
+    if steps is not None:
+        given = (
+            f"train.flops_budget={ts.flops_budget:.3g}"
+            if ts.flops_budget is not None
+            else f"train.tokens_per_param={ts.tokens_per_param:g}"
+        )
+        log(f"{given}: train.max_iters {ts.max_iters:,} -> {steps:,}")
+        ts.max_iters = steps
+    log(compute.describe(figures, ts.max_iters, tokens_per_step))
+    if ts.eval_iters > ts.max_iters:
+        log(f"notice: eval_iters {ts.eval_iters} -> {ts.max_iters} (no more eval batches than training steps)")
+        ts.eval_iters = ts.max_iters
 
 
 def _resolve_schedule(cfg: RunConfig, resumed: Checkpoint | None, log) -> None:

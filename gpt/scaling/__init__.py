@@ -1,0 +1,2 @@
+"""Scaling studies: compute accounting (compute.py), the IsoFLOP fits (fit.py), the report and
+its plots (report.py), and the study that runs the jobs as a Hydra multirun (study.py)."""
