@@ -592,6 +592,42 @@ class SweepConfig:
     rank_by: str = "best_val_loss"  # or final_val_loss, or a task figure of train.eval_tasks, e.g. hellaswag/acc_norm
 
 
+@dataclass
+class ScalingConfig:
+    """`tinygpt scaling`: an IsoFLOP study (gpt.scaling.study). configs/scaling.yaml picks a preset
+    (configs/preset/); each preset fills every field below."""
+
+    out: str = MISSING  # the study's folder (presets: outputs/scaling/<preset>): report.md, fit.json, plots, runs/<job>/
+    budgets: list[float] = field(default_factory=list)  # training FLOPs of each run (train.flops_budget), at least 2
+    depths: list[int] = field(default_factory=list)  # the size ladder (model.depth) trained at every budget, at least 3
+    train: list[str] = field(default_factory=list)  # overrides every job gets: model, data, batch, optimizer, evals
+    predict: float | None = None  # the budget to predict the optimum for (null: 4x the largest)
+    check: bool = False  # train the predicted optimum at `predict` and compare its loss with the prediction
+
+    def __post_init__(self) -> None:
+        check_types(self, "")
+        budgets = ", ".join(f"{b:g}" for b in self.budgets)
+        if len(set(self.budgets)) < 2:
+            raise TinyGPTError(
+                f"budgets=[{budgets}]: a scaling fit needs at least 2 different compute budgets (3 or more to see a "
+                f"trend), e.g. budgets=[1e12,3e12,9e12]"
+            )
+        if any(not b > 0 or b == float("inf") for b in self.budgets):
+            raise TinyGPTError(f"budgets=[{budgets}]: every budget must be a number of FLOPs > 0, e.g. 3e12")
+        if len(set(self.depths)) < 3:
+            raise TinyGPTError(
+                f"depths={self.depths}: each budget needs at least 3 model sizes to fit a parabola through, e.g. depths=[2,3,4,5]"
+            )
+        if any(d < 1 for d in self.depths):
+            raise TinyGPTError(f"depths={self.depths}: model.depth must be a positive integer")
+        if len(set(self.budgets)) != len(self.budgets) or len(set(self.depths)) != len(self.depths):
+            raise TinyGPTError(f"budgets=[{budgets}] depths={self.depths}: each value once")
+        if self.predict is not None and not (self.predict > 0 and self.predict != float("inf")):
+            raise TinyGPTError(f"predict={self.predict!r} must be a number of FLOPs > 0 (or null: 4x the largest budget)")
+        if self.predict is None:
+            self.predict = 4 * max(self.budgets)
+
+
 def from_dict(cls: type[T], values: dict, section: str = "", ignored: list[str] | None = None) -> T:
     """A settings dataclass from plain data (a checkpoint's record, a notebook's dict): nested
     sections are built alike, the checks of each class run. Unknown keys are refused, or, given
@@ -640,6 +676,7 @@ def register_schemas() -> None:
         ("schema_eval", EvalConfig),
         ("schema_export", ExportConfig),
         ("schema_sweep", SweepConfig),
+        ("schema_scaling", ScalingConfig),
         ("schema_serve", ServeConfig),
         ("schema_chat", ChatConfig),
     ):

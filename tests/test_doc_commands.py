@@ -189,7 +189,7 @@ def stubbed(monkeypatch, tmp_path):
     """The commands other than train run through `tinygpt`'s entry point with their work
     replaced by a recorder: they compose and check their settings as they do for a user (the
     verbatim keys, --help and --cfg included), then hand them over here instead of running."""
-    from gpt.apps import chat, export, prepare, sample, serve, sweep
+    from gpt.apps import chat, export, prepare, sample, scaling, serve, sweep
     from gpt.apps import eval as eval_app
 
     handed: list[tuple[str, object]] = []
@@ -197,6 +197,7 @@ def stubbed(monkeypatch, tmp_path):
         monkeypatch.setattr(module, name, lambda settings, *args, _name=name, **kwargs: handed.append((_name, settings)))
     monkeypatch.setattr(serve, "serve", lambda settings: handed.append(("serve", settings)))
     monkeypatch.setattr(sweep, "summarise", lambda settings: handed.append(("summarise", settings)))
+    monkeypatch.setattr(scaling, "run", lambda settings, extra, argv: handed.append(("scaling", _study_jobs(settings, extra))))
     monkeypatch.setattr(sys, "argv", ["tinygpt"])  # gpt.apps.main sets it
     monkeypatch.chdir(tmp_path)  # nothing should be written; if anything is, it lands here
     return handed
@@ -209,6 +210,20 @@ def _model_and_source(settings) -> None:
 
     architectures.config_from_settings(settings.model, vocab_size=1)
     sources.check(settings.data.source)
+
+
+def _study_jobs(settings, extra: list[str]):
+    """A study's jobs composed as `tinygpt scaling` composes them before launching: the preset's
+    overrides and the command line's, at each size of its ladder."""
+    from gpt.apps import common, scaling
+
+    overrides = [*settings.train, *extra]
+    scaling._refuse_horizon_overrides(overrides)
+    for depth in settings.depths:
+        _model_and_source(
+            common.compose("config", [*overrides, f"model.depth={depth}", f"train.flops_budget={settings.budgets[0]:g}"])
+        )
+    return settings
 
 
 def _sweep_values(overrides: list[str]) -> list[list[str]]:
@@ -315,7 +330,7 @@ def test_the_docs_hold_commands_to_check():
     sources = {c.where.split(":")[0] for c in COMMANDS}
     for page in ("README.md", "docs/training.md", "docs/data.md", "docs/sampling.md", "docs/serving.md", "docs/evaluation.md"):
         assert page in sources, f"no command found in {page}"
-    assert {c.command for c in COMMANDS} >= {"train", "sample", "serve", "eval", "export", "prepare", "sweep"}
+    assert {c.command for c in COMMANDS} >= {"train", "sample", "serve", "eval", "export", "prepare", "sweep", "scaling"}
 
 
 if __name__ == "__main__":

@@ -233,9 +233,19 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     if isinstance(cause, MissingMandatoryValue) and key:
         return f"{key} is required; set it on the command line, e.g. {key}=..."
     if isinstance(cause, ValidationError) and key:
-        want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or first
+        want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or _item_type(cause) or first
         return f"{key} must be {want}, got {getattr(cause, 'value', None)!r}"
     return first
+
+
+def _item_type(cause) -> str | None:
+    """'a number', ...: what an item of a typed list (budgets[1]) takes."""
+    import typing
+
+    from gpt.config import _NAMES
+
+    args = typing.get_args(getattr(cause, "ref_type", None))
+    return _NAMES.get(args[0]) if len(args) == 1 else None
 
 
 def _chain(error: BaseException):

@@ -7,6 +7,7 @@
     tinygpt export  out=<folder> ...       a checkpoint to a Hugging Face GPT-2 folder
     tinygpt prepare [key=value ...]        tokenize a dataset ahead of training
     tinygpt sweep   <sweep dir>            a sweep's leaderboard and val curves
+    tinygpt scaling preset=<..> out=<dir>  an IsoFLOP study: the compute-optimal size for a budget
     tinygpt harness <lm_eval options>      lm-evaluation-harness tasks on a model
     tinygpt serve   [key=value ...]        a web playground and an OpenAI-compatible API
 
@@ -20,7 +21,7 @@ import sys
 
 from gpt.apps.common import fail
 
-COMMANDS = ("train", "sample", "chat", "eval", "export", "prepare", "sweep", "harness", "serve")
+COMMANDS = ("train", "sample", "chat", "eval", "export", "prepare", "sweep", "scaling", "harness", "serve")
 
 
 def main(argv: list[str] | None = None) -> None:
