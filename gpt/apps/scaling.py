@@ -6,9 +6,9 @@ how many tokens, your next budget should buy.
     tinygpt scaling preset=cpu out=outputs/scaling/cpu check=true   # 3 x 4 on Tiny Shakespeare, ~20 min on 2 cores
     tinygpt scaling preset=gpu out=outputs/scaling/gpu device=cuda  # FineWeb-Edu, GPT-2 BPE (one GPU)
 
-Study settings: preset, out (default outputs/scaling/<preset>), budgets=[...] (FLOPs), depths=[...] (model.depth), predict=<FLOPs>,
-check=true (train the predicted optimum at `predict` and compare). Any other key=value is given to
-every training job (e.g. optim=adamw, data=tinystories, hydra/launcher=slurm). The jobs run as one
+Study settings: preset, out (default outputs/scaling/<preset>), budgets=[...] (FLOPs),
+depths=[...] (model.depth), predict=<FLOPs>, check=true (train the predicted optimum at
+`predict` and compare). Any other key=value is given to every training job (e.g. optim=adamw, data=tinystories, hydra/launcher=slurm). The jobs run as one
 Hydra multirun into <out>/runs/; rerunning the same command reuses the finished ones. <out> gets
 report.md, fit.json, isoflops.png, frontier.png and loss_vs_compute.png.
 """
