@@ -95,6 +95,17 @@ def _figure(path: Path, draw, size=(7, 5)) -> None:
     plt.close(fig)
 
 
+def _finish(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    """Every plot's axes: compute and sizes on a log scale, a light grid, the legend."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+
+
 def _colours(n: int):
     import matplotlib
 
@@ -121,12 +132,7 @@ def _plot_isoflops(path: Path, result: dict, points: list[Point]) -> None:
                 x = np.linspace(lo - 0.2, hi + 0.2, 100)
                 ax.plot(np.exp(x), p2 * x * x + p1 * x + p0, "-", color=colour, alpha=0.7)
                 ax.plot([o["params"]], [o["loss"]], "*", color=colour, markersize=14, markeredgecolor="black")
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters N (without embeddings)")
-        ax.set_ylabel("final val loss")
-        ax.set_title("IsoFLOP curves (star: each budget's fitted minimum)")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        _finish(ax, "parameters N (without embeddings)", "final val loss", "IsoFLOP curves (star: each budget's fitted minimum)")
 
     _figure(path, draw)
 
@@ -151,12 +157,8 @@ def _plot_frontier(path: Path, result: dict) -> None:
                 label=f"fit: {exp_name} = {law['exponent']:.3f}",
             )
             ax.plot([pred["budget"]], [pred[key]], "*", color="C3", markersize=14, label=f"prediction at {pred['budget']:.2g}")
-            ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_xlabel("compute C (training FLOPs)")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=8)
+            _finish(ax, "compute C (training FLOPs)", label)
 
     _figure(path, draw, size=(11, 4.5))
 
@@ -178,11 +180,6 @@ def _plot_loss(path: Path, result: dict, points: list[Point]) -> None:
         check = result.get("check") or {}
         if check.get("loss") is not None:
             ax.plot([check["flops"]], [check["loss"]], "X", color="C1", markersize=11, label=f"measured (depth {check['depth']})")
-        ax.set_xscale("log")
-        ax.set_xlabel("compute C (training FLOPs spent)")
-        ax.set_ylabel("final val loss")
-        ax.set_title("Loss against compute")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        _finish(ax, "compute C (training FLOPs spent)", "final val loss", "Loss against compute")
 
     _figure(path, draw)
