@@ -157,7 +157,9 @@ def _check(out: Path, pred: dict, settings, vocab: int, overrides: list[str]) ->
 def _say(out: Path, result: dict, got, n_jobs: int) -> None:
     log, pred = logger.info, result["prediction"]
     for o in result["optima"]:
-        edge = "" if o["inside"] else " (outside the ladder: extrapolated)"
+        edge = (
+            "" if o["inside"] else " (outside the ladder: extrapolated" + ("" if o["in_fit"] else ", left out of the laws") + ")"
+        )
         log(f"budget {o['budget']:.3g}: N_opt {o['params']:,.0f}, D_opt {o['tokens']:,.0f} tokens, L_opt {o['loss']:.4f}{edge}")
     log(f"fit: N_opt ~ C^{result['a']:.3f} (a), D_opt ~ C^{result['b']:.3f} (b), L_opt ~ C^{result['loss_exponent']:.4f}")
     log(

@@ -11,8 +11,9 @@ then, over budgets, power laws fitted as straight lines in log-log:
 
     N_opt = k_N C^a      D_opt = k_D C^b      L_opt = k_L C^c
 
-(C ~ 6 N D makes a + b close to 1.) A vertex outside the sizes trained is an extrapolation; it
-is kept and flagged (`inside`), since a ladder that misses the optimum is a finding too.
+(C ~ 6 N D makes a + b close to 1.) A vertex outside the sizes trained is an extrapolation: it
+is reported and flagged (`inside`), and left out of the power laws while 2 vertices inside
+their ladders remain (see `fit`).
 """
 
 from __future__ import annotations
@@ -90,10 +91,19 @@ def power_law(c: list[float], y: list[float]) -> PowerLaw:
     return PowerLaw(float(exponent), float(math.exp(intercept)))
 
 
+def laws(optima: list[Optimum]) -> tuple[PowerLaw, PowerLaw, PowerLaw]:
+    """N_opt, D_opt and L_opt as power laws of compute, through these optima."""
+    c = [o.budget for o in optima]
+    return tuple(power_law(c, [getattr(o, key) for o in optima]) for key in ("params", "tokens", "loss"))
+
+
 def fit(points: list[Point], predict: float) -> dict:
     """The study's fit (what fit.json holds): per-budget optima, the exponents `a` (N_opt ~ C^a),
     `b` (D_opt ~ C^b) and `loss_exponent` (L_opt ~ C^c), and the prediction at budget `predict`.
-    Budgets with fewer than 3 finished sizes, or no minimum, are left out and said why."""
+    Budgets with fewer than 3 finished sizes, or no minimum, are left out and said why. The laws
+    go through the vertices that lie inside their ladders when at least 2 do: a vertex beyond the
+    sizes trained is the parabola's guess, not a measured optimum (`in_fit` says which were used;
+    `all_vertices` has the laws through every vertex, for comparison)."""
     by_budget: dict[float, list[Point]] = {}
     for p in points:
         by_budget.setdefault(p.budget, []).append(p)
@@ -106,15 +116,17 @@ def fit(points: list[Point], predict: float) -> dict:
     if len(optima) < 2:
         reasons = "; ".join(skipped.values()) or "no finished runs"
         raise TinyGPTError(f"too few budgets to fit power laws ({len(optima)} of {len(by_budget)} fitted: {reasons})")
-    c = [o.budget for o in optima]
-    n_law, d_law = power_law(c, [o.params for o in optima]), power_law(c, [o.tokens for o in optima])
-    l_law = power_law(c, [o.loss for o in optima])
+    inside = [o for o in optima if o.inside]
+    used = inside if len(inside) >= 2 else optima
+    n_law, d_law, l_law = laws(used)
+    every = laws(optima)
     return {
         "a": n_law.exponent,
         "b": d_law.exponent,
         "loss_exponent": l_law.exponent,
         "laws": {"params": asdict(n_law), "tokens": asdict(d_law), "loss": asdict(l_law)},
-        "optima": [{**asdict(o), "coefficients": list(o.coefficients)} for o in optima],
+        "all_vertices": {"a": every[0].exponent, "b": every[1].exponent, "loss_exponent": every[2].exponent},
+        "optima": [{**asdict(o), "coefficients": list(o.coefficients), "in_fit": o.inside or used is optima} for o in optima],
         "skipped": skipped,
         "prediction": {"budget": predict, "params": n_law(predict), "tokens": d_law(predict), "loss": l_law(predict)},
     }

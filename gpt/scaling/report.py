@@ -40,6 +40,18 @@ def markdown(result: dict, points: list[Point], failed: dict, unfinished: dict, 
         "",
         f"- N_opt ∝ C^**{a:.3f}** (`a`), D_opt ∝ C^**{b:.3f}** (`b`); a + b = {a + b:.3f} (C ≈ 6ND makes it about 1)",
         f"- L_opt ∝ C^{c:.4f}",
+    ]
+    left_out = [o for o in result["optima"] if not o["in_fit"]]
+    if left_out:
+        every = result["all_vertices"]
+        lines.append(
+            f"- through the vertices inside their ladders only ({len(result['optima']) - len(left_out)} of "
+            f"{len(result['optima'])}); through every vertex: a = {every['a']:.3f}, b = {every['b']:.3f}, "
+            f"L_opt ∝ C^{every['loss_exponent']:.4f}"
+        )
+    elif not all(o["inside"] for o in result["optima"]):
+        lines.append("- through every vertex, extrapolated ones included (fewer than 2 lie inside their ladders)")
+    lines += [
         "",
         "## Compute-optimal model per budget",
         "",
@@ -48,6 +60,8 @@ def markdown(result: dict, points: list[Point], failed: dict, unfinished: dict, 
     ]
     for o in result["optima"]:
         where = "inside the ladder" if o["inside"] else "**outside the ladder (extrapolated)**"
+        if not o["in_fit"]:
+            where += ", left out of the laws"
         lines.append(
             f"| {o['budget']:.3g} | {o['params']:,.0f} | {o['tokens']:,.0f} | {o['tokens'] / o['params']:.1f} | {o['loss']:.4f} | {where} |"
         )
@@ -147,7 +161,18 @@ def _plot_frontier(path: Path, result: dict) -> None:
         for i, (key, label, exp_name) in enumerate((("params", "N_opt (parameters)", "a"), ("tokens", "D_opt (tokens)", "b"))):
             ax = fig.add_subplot(1, 2, i + 1)
             law = laws[key]
-            ax.plot([o["budget"] for o in optima], [o[key] for o in optima], "o", color="C0", label="per-budget optimum")
+            used = [o for o in optima if o["in_fit"]]
+            out = [o for o in optima if not o["in_fit"]]
+            ax.plot([o["budget"] for o in used], [o[key] for o in used], "o", color="C0", label="per-budget optimum")
+            if out:
+                ax.plot(
+                    [o["budget"] for o in out],
+                    [o[key] for o in out],
+                    "o",
+                    mfc="none",
+                    color="C0",
+                    label="outside its ladder (not fitted)",
+                )
             ax.plot(
                 c,
                 law["coefficient"] * c ** law["exponent"],

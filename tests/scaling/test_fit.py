@@ -80,3 +80,14 @@ def test_a_vertex_beyond_the_ladder_is_flagged():
     points = study([1e18], lambda c: n_opt(c) * np.geomspace(2, 8, 4), noise=0.0)
     assert not isoflop_optimum(points).inside
     assert isoflop_optimum(study([1e18], lambda c: n_opt(c) * np.geomspace(1 / 4, 4, 5), noise=0.0)).inside
+
+
+def test_an_extrapolated_vertex_is_left_out_of_the_laws_while_two_inside_remain():
+    centred = lambda c: n_opt(c) * np.geomspace(1 / 4, 4, 5)  # noqa: E731
+    beyond = study([1e18], lambda c: n_opt(c) * np.geomspace(3, 12, 4), noise=0.0)  # its vertex: below the ladder
+    result = fit(beyond + study([1e19, 1e20], centred, noise=0.0), predict=1e21)
+    assert [o["in_fit"] for o in result["optima"]] == [False, True, True]
+    assert abs(result["a"] - BETA / (ALPHA + BETA)) < 0.02 and result["all_vertices"]["a"] != result["a"]
+    # with fewer than two vertices inside, every vertex is used
+    result = fit(beyond + study([1e19], centred, noise=0.0), predict=1e21)
+    assert [o["in_fit"] for o in result["optima"]] == [True, True] and result["all_vertices"]["a"] == result["a"]
