@@ -117,7 +117,10 @@ def _refuse_horizon_overrides(overrides: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     for arg in overrides:
-        if arg.split("=", 1)[0].lstrip("+~") in _PER_JOB:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key in ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.run.dir"):
+            raise TinyGPTError(f"{arg}: the study puts its jobs in <out>/runs/<job>; choose the folder with out=<folder>")
+        if key in _PER_JOB:
             raise TinyGPTError(
                 f"{arg}: the study sets each job's size and horizon itself; give sizes as depths=[...] and budgets as budgets=[...]"
             )

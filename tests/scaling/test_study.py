@@ -35,6 +35,8 @@ def job(depth: int, budget: float) -> str:
         (["budgets=[1e4,1e10]"], "budget 10000 is too small for the smallest model (depth 1) to take one step"),
         (["model.depth=4"], "the study sets each job's size and horizon itself"),
         (["train.max_iters=100"], "the study sets each job's size and horizon itself"),
+        (["hydra.sweep.dir=/tmp/elsewhere"], "choose the folder with out=<folder>"),
+        (["optim.lr=1e-3,3e-3"], "a study's jobs take one value per setting"),
         (["preset=huge"], "unknown preset config 'huge'"),
         (["optim.lr=fast"], "optim.lr must be a number"),
         (["model=lstm"], "has no model.depth"),
