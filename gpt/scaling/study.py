@@ -14,7 +14,6 @@ one starts; a study extended with a budget or a size reuses the jobs it shares.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import subprocess
@@ -35,7 +34,6 @@ class Job:
     depth: int
     budget: float
     params: int  # N (params_non_embedding)
-    flops_per_token: float
     steps: int  # what train.flops_budget gives (0: less than one step)
 
     @property
@@ -73,7 +71,7 @@ def plan(s: ScalingConfig, settings: RunConfig, vocab_size: int, log) -> list[Jo
     for budget in s.budgets:
         for depth in s.depths:
             fpt = sizes[depth]["flops_per_token"]
-            jobs.append(Job(depth, budget, sizes[depth]["params_non_embedding"], fpt, math.floor(budget / (fpt * per_step))))
+            jobs.append(Job(depth, budget, sizes[depth]["params_non_embedding"], math.floor(budget / (fpt * per_step))))
     smallest = min(s.depths, key=lambda d: sizes[d]["flops_per_token"])
     one_step = sizes[smallest]["flops_per_token"] * per_step
     if min(s.budgets) < one_step:
@@ -177,7 +175,7 @@ def collect(out: Path, jobs: list[Job]) -> Collected:
     points, failed, unfinished, seconds = [], {}, {}, 0.0
     for job in jobs:
         folder = folders.get((job.depth, job.budget))
-        summary = _read(folder / "summary.json") if folder is not None else {}
+        summary = read_summary(folder) if folder is not None else {}
         status = status_of(summary) if summary else "not run"
         loss = summary.get("final_val_loss")
         name = f"{RUNS}/{folder.name}" if folder is not None else job.label
@@ -207,12 +205,7 @@ def nearest_depth(settings: RunConfig, params: float, vocab_size: int) -> tuple[
         depth += 1
 
 
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def read_summary(run_dir: Path) -> dict:
-    return _read(run_dir / "summary.json")
+    from gpt.tracking import _read_json
+
+    return _read_json(run_dir / "summary.json")
