@@ -66,7 +66,8 @@ def test_a_study_with_a_failing_job_fits_from_the_rest_and_names_it(tmp_path, da
     broken = out / "runs" / job(2, 1e10)
     broken.mkdir(parents=True)
     (broken / "checkpoints").write_text("not a folder")
-    proc = run_script("scaling", ["preset=smoke", f"out={out}", *data_overrides], tmp_path, root, timeout=900)
+    # check=true: the predicted optimum is trained too, at 4x the largest budget
+    proc = run_script("scaling", ["preset=smoke", f"out={out}", "check=true", *data_overrides], tmp_path, root, timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"1 of 9 jobs failed and are left out of the fit (first: runs/{job(2, 1e10)}" in proc.stderr
 
@@ -84,7 +85,16 @@ def test_a_study_with_a_failing_job_fits_from_the_rest_and_names_it(tmp_path, da
             assert summary["flops_budget"] == budget
             if summary["status"] == "finished":
                 assert summary["flops"] <= budget and summary["model"].startswith(f"{depth}L {depth}H {16 * depth}D")
+    check, pred = fit["check"], fit["prediction"]
+    sizes = {d: json.loads((out / "runs" / job(d, 3e10) / "summary.json").read_text())["params_non_embedding"] for d in (1, 3)}
+    assert check["depth"] >= 1 and check["params"] > 0
+    if check["depth"] in sizes:
+        assert check["params"] == sizes[check["depth"]]
+    measured = json.loads((out / check["run"] / "summary.json").read_text())
+    assert measured["status"] == "finished" and measured["final_val_loss"] == check["loss"]
+    assert measured["flops"] == check["flops"] <= pred["budget"] and measured["model"].startswith(f"{check['depth']}L ")
     report = (out / "report.md").read_text()
+    assert f"measured val loss **{check['loss']:.4f}** vs predicted **{pred['loss']:.4f}**" in report
     assert f"`runs/{job(2, 1e10)}`: failed:" in report and f"a = {fit['a']:.3f}" not in report  # shown as **a**
     assert f"C^**{fit['a']:.3f}** (`a`)" in report and f"C^**{fit['b']:.3f}** (`b`)" in report
     for name in ("isoflops.png", "frontier.png", "loss_vs_compute.png"):
