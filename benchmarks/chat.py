@@ -40,12 +40,12 @@ def before_sft(base: Path, test: Path) -> dict:
     """The base as SFT starts from it: the template's tokens added, nothing trained yet."""
     import torch
 
-    from gpt import loading
-    from gpt.chat.scoring import evaluate_chat
     from gpt.chat.template import ChatTokenizer
+    from gpt.checkpoints import loading
     from gpt.config import TaskSettings
-    from gpt.finetune import add_chat_tokens
-    from gpt.tasks import examples
+    from gpt.evals.chat import evaluate_chat
+    from gpt.evals.tasks import examples
+    from gpt.training.finetune import add_chat_tokens
 
     loaded = loading.load(str(base))
     tok = ChatTokenizer(loaded.tokenizer())

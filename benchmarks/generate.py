@@ -16,11 +16,10 @@ import time
 
 import torch
 
-from gpt import architectures
 from gpt.apps.common import compose, config_dir
 from gpt.config import GPTSettings, SamplingSettings
 from gpt.generation import Decoder
-from gpt.model import GPT
+from gpt.model import GPT, registry
 
 # The transformer presets: the KV cache vs recompute comparison is theirs (recurrent models carry a state).
 GPT_SHAPES = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml") if "schema_gpt" in p.read_text())
@@ -30,7 +29,7 @@ def build(shape: str, char_vocab: int = 65) -> GPT:
     settings = compose("config", [f"model={shape}", "model.dropout=0.0"]).model
     assert isinstance(settings, GPTSettings)
     torch.manual_seed(0)
-    return GPT(architectures.config_from_settings(settings, vocab_size=char_vocab)).eval()
+    return GPT(registry.config_from_settings(settings, vocab_size=char_vocab)).eval()
 
 
 def run_once(model: GPT, new_tokens: int, use_cache: bool) -> tuple[float, float]:

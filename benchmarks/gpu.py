@@ -9,7 +9,7 @@ throughput: GPT-2 124M shape (vocab 50304, block 1024), bf16 autocast, torch.com
 attention (SDPA), fused AdamW; finds the largest micro-batch that fits (halving from --max-batch
 on out-of-memory), then times --steps steps, median of --repeats. Synthetic tokens: speed does
 not depend on the data. MFU uses 6N + 12LCT FLOPs per token against --peak-flops (default: the
-table in gpt/runtime.py).
+table in gpt/runtime/devices.py).
 baby: `experiment=shakespeare_char` (6L/6H/384D, block 256, batch 64) with evals every 100
 steps, clocked (startup, compile and evals included) until val <= --target; median of --repeats.
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpt import runtime  # noqa: E402
 from gpt.config import OPTIMIZERS  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
-from gpt.optim import build_optimizer  # noqa: E402
+from gpt.runtime import devices  # noqa: E402
+from gpt.training.optim import build_optimizer  # noqa: E402
 from train import time_to_target  # noqa: E402
 
 
@@ -52,10 +52,10 @@ def _training_step(cfg: GPTConfig, rt, optim: str, batch: int):
 
 
 def gpt2_throughput(max_batch: int, steps: int, repeats: int, peak: float | None, optim: str) -> None:
-    rt = runtime.setup("cuda", "auto", True)
+    rt = devices.setup("cuda", "auto", True)
     print(rt.describe())
     cfg = GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768, activation="gelu_tanh")
-    peak = peak or runtime.peak_flops(rt.device)
+    peak = peak or devices.peak_flops(rt.device)
     batch = max_batch
     while batch >= 1:
         try:

@@ -183,7 +183,7 @@ def compare_steps(args) -> None:
     rows = {name: [] for name in sides}
     for i in range(args.repeats):
         for name, step in sides.items():
-            r = _timed(step, args.steps)  # (not torch.set_num_threads: calling it at all costs, see gpt/threads.py)
+            r = _timed(step, args.steps)  # (not torch.set_num_threads: calling it at all costs, see gpt/runtime/threads.py)
             rows[name].append(r)
             print(
                 f"  pair {i + 1} {name:>9}: {r['ms']:6.1f} ms/step (user {r['user_ms']:5.1f}, system {r['sys_ms']:5.1f} ms CPU)"

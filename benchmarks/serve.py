@@ -37,21 +37,21 @@ def write_checkpoint(shape: str, folder: Path) -> Path:
     """A run folder holding checkpoints/best.pt of `shape` with random weights."""
     import torch
 
-    from gpt import architectures, checkpoint
     from gpt.apps.common import compose
-    from gpt.checkpoint import Checkpoint
-    from gpt.model import GPT
-    from gpt.tokenizer import CharTokenizer
+    from gpt.checkpoints import checkpoint
+    from gpt.checkpoints.checkpoint import Checkpoint
+    from gpt.model import GPT, registry
+    from gpt.tokenizers import CharTokenizer
 
     settings = compose("config", [f"model={shape}", "model.dropout=0.0"]).model
-    config = architectures.config_from_settings(settings, vocab_size=len(CHARS))
+    config = registry.config_from_settings(settings, vocab_size=len(CHARS))
     torch.manual_seed(0)
     model = GPT(config)
     run = folder / f"{shape}-random"
     path = run / checkpoint.CKPT_DIR / checkpoint.BEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = CharTokenizer(CHARS).to_dict()
-    checkpoint.save(path, Checkpoint(model.state_dict(), architectures.config_to_dict(config), tokenizer))
+    checkpoint.save(path, Checkpoint(model.state_dict(), registry.config_to_dict(config), tokenizer))
     return run
 
 

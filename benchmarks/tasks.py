@@ -5,7 +5,7 @@
 
 HellaSwag-shaped items (a context and 4 endings) of random tokens, random weights (speed does
 not depend on either), fp32 on CPU: each item is 4 (context, ending) requests through
-gpt.scoring.score. Lengths default to HellaSwag's in GPT-2 tokens (a context of ~60, endings of
+gpt.evals.scoring.score. Lengths default to HellaSwag's in GPT-2 tokens (a context of ~60, endings of
 ~25: roughly, the validation split's mean) and, for the character-level quickstart model, ~4
 characters per token (240 and 100). Prints items/s per batch size, the median of --repeats.
 """
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from gpt import architectures
 from gpt.apps.common import compose
-from gpt.scoring import score
+from gpt.evals.scoring import score
+from gpt.model import registry
 
 # shape -> (model preset, vocabulary, context tokens, ending tokens)
 SHAPES = {"gpt2": ("gpt2", 50257, 60, 25), "quickstart": ("gpt-micro", 65, 240, 100)}
@@ -53,7 +53,7 @@ def main() -> None:
         preset, vocab, context, ending = SHAPES[shape]
         settings = compose("config", [f"model={preset}", "model.dropout=0.0"]).model
         torch.manual_seed(0)
-        model = architectures.build(architectures.config_from_settings(settings, vocab_size=vocab)).eval()
+        model = registry.build(registry.config_from_settings(settings, vocab_size=vocab)).eval()
         params = sum(p.numel() for p in model.parameters())
         for bs in args.batch_sizes:
             rate = items_per_s(model, vocab, context, ending, args.items, bs, args.repeats)

@@ -2,7 +2,7 @@
 
 From Python, with the same configs and overrides as the command line:
 
-    from gpt import train, sample
+    from gpt import sample, train
     summary = train(["model=gpt-nano", "train.max_iters=100"])   # what summary.json holds
     texts = sample([f"run_dir={summary['run_dir']}", "num_samples=2"], prompt="ROMEO:")
 """

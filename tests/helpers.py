@@ -41,7 +41,7 @@ def train_recording_losses(cfg, stop_after: int | None = None) -> dict[int, floa
 
     import pytest
 
-    from gpt.preemption import Preempted
+    from gpt.runtime.preemption import Preempted
     from gpt.training import train
 
     losses: dict[int, float] = {}

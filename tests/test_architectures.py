@@ -1,4 +1,4 @@
-"""gpt/architectures.py: the settings of every model family convert to its model's config (the
+"""gpt/model/registry.py: the settings of every model family convert to its model's config (the
 schemas and the model configs cannot drift apart), and every architecture trains, resumes and
 samples through the entry points. Run: pytest tests/test_architectures.py"""
 
@@ -8,18 +8,18 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from gpt import architectures, checkpoint
+from gpt.checkpoints import checkpoint
 from gpt.config import GPTSettings, RNNSettings
 from gpt.errors import TinyGPTError
-from gpt.model import GPTConfig
-from gpt.rnn import RNNConfig
+from gpt.model import GPTConfig, registry
+from gpt.model.rnn import RNNConfig
 from helpers import run_script
 
 
 @pytest.mark.parametrize("settings, config", [(GPTSettings, GPTConfig), (RNNSettings, RNNConfig)])
 def test_settings_and_model_config_have_the_same_fields_and_defaults(settings, config):
-    """The model section's schema (gpt/config.py) and the model's own config (gpt/model/config.py,
-    gpt/rnn.py) are two classes by design (the model knows nothing of Hydra, and composing a
+    """The model section's schema (gpt/config/__init__.py) and the model's own config (gpt/model/config.py,
+    gpt/model/rnn.py) are two classes by design (the model knows nothing of Hydra, and composing a
     config needs no torch); this keeps them one definition in effect."""
     # (the label, and the size knob that sets n_layer / n_head / n_embd at the boundary)
     ours = {f.name: f.default for f in fields(settings) if f.name not in ("name", "depth", "aspect_ratio")}
@@ -35,14 +35,14 @@ def test_settings_and_model_config_have_the_same_fields_and_defaults(settings, c
 
 
 def test_conversion_takes_the_vocabulary_and_checks_the_shape():
-    config = architectures.config_from_settings(GPTSettings(n_layer=2), vocab_size=65)
+    config = registry.config_from_settings(GPTSettings(n_layer=2), vocab_size=65)
     assert isinstance(config, GPTConfig) and config.vocab_size == 65 and config.n_layer == 2
-    lstm = architectures.config_from_settings(RNNSettings(arch="lstm", n_hidden=32), vocab_size=10)
+    lstm = registry.config_from_settings(RNNSettings(arch="lstm", n_hidden=32), vocab_size=10)
     assert isinstance(lstm, RNNConfig) and lstm.n_hidden == 32
     with pytest.raises(TinyGPTError, match="n_embd=30 is not divisible by model.n_head=4"):
-        architectures.config_from_settings(GPTSettings(n_embd=30), vocab_size=65)
+        registry.config_from_settings(GPTSettings(n_embd=30), vocab_size=65)
     with pytest.raises(TinyGPTError, match="model.arch='transformer' is unknown"):
-        architectures.config_from_settings(GPTSettings(arch="transformer"), vocab_size=65)
+        registry.config_from_settings(GPTSettings(arch="transformer"), vocab_size=65)
 
 
 ARCH_RUNS = {

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import checkpoint, interop, loading
+from gpt import interop
+from gpt.checkpoints import checkpoint, loading
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.evaluation import evaluate_tokens
+from gpt.evals.perplexity import evaluate_tokens
 from gpt.generation import generate
 from helpers import compose, train_recording_losses
 

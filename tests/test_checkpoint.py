@@ -1,4 +1,4 @@
-"""gpt/checkpoint.py: the format (versioned, older read, newer refused), atomic save, safe load,
+"""gpt/checkpoints/checkpoint.py: the format (versioned, older read, newer refused), atomic save, safe load,
 compiled-model keys, retention, run discovery, where a run resumes from.
 Run: pytest tests/test_checkpoint.py"""
 
@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from gpt import checkpoint
-from gpt.checkpoint import Checkpoint, TrainingState
+from gpt.checkpoints import checkpoint
+from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from helpers import REPO, corrupted_variants
@@ -266,7 +266,7 @@ def test_unwrap_compiled_and_ddp_style_wrappers():
 
 _WRITER = """
 import sys, torch
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 ckpt = checkpoint.Checkpoint(model={"w": torch.randn(3_000_000)}, model_config={}, tokenizer={"kind": "byte"})
 while True:
     ckpt.step += 1
@@ -293,7 +293,7 @@ def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp
     carry nothing, e.g. a zip timestamp) or is refused with a TinyGPTError: never another
     exception, never torch's advice to load with weights_only=False, never wrong weights (torch
     does not check the zip's CRC-32 itself; a flipped bit in a tensor loaded silently before)."""
-    from gpt import loading
+    from gpt.checkpoints import loading
 
     model = _model()
     state = TrainingState(optimizer={"state": {}, "param_groups": []}, scaler={}, loader={"step": 1}, rng=[{}])

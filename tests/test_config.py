@@ -1,4 +1,4 @@
-"""gpt/config.py and configs/: every setting has one typed schema and one default. Every group
+"""gpt/config/__init__.py and configs/: every setting has one typed schema and one default. Every group
 option composes onto its schema, no YAML file restates a default, and settings built in Python
 are checked like composed ones. Run: pytest tests/test_config.py"""
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 import yaml
 
-from gpt import architectures
 from gpt.apps.common import compose, config_dir
 from gpt.config import (
     AdamWSettings,
@@ -28,8 +27,8 @@ from gpt.config import (
     from_dict,
 )
 from gpt.errors import TinyGPTError
-from gpt.model import GPT
-from gpt.optim import CosineSchedule
+from gpt.model import GPT, registry
+from gpt.training.optim import CosineSchedule
 
 CONFIGS = config_dir()
 GROUPS = ("model", "data", "optim", "experiment", "debug")
@@ -67,7 +66,7 @@ def test_every_option_composes_onto_its_schema(group):
         assert isinstance(settings, RunConfig) and isinstance(settings.data, DataSettings)
         assert type(settings.model) in (GPTSettings, RNNSettings) and type(settings.optim) in (AdamWSettings, MuonSettings)
         CosineSchedule.from_settings(settings.optim, settings.train.max_iters)
-        architectures.config_from_settings(settings.model, vocab_size=65)
+        registry.config_from_settings(settings.model, vocab_size=65)
 
 
 def test_every_task_composes_onto_its_schema():
@@ -88,7 +87,7 @@ def test_the_other_commands_compose():
 @pytest.mark.parametrize("group", ("model", "data", "optim", "task"))
 def test_no_group_option_restates_a_default(group):
     """A value in a group file must differ from what its schema (or the file it extends) gives:
-    a default lives in gpt/config.py only, so the two cannot drift apart."""
+    a default lives in gpt/config/__init__.py only, so the two cannot drift apart."""
     from omegaconf import OmegaConf
 
     for option in _options(group):
@@ -128,7 +127,7 @@ def test_no_global_option_restates_what_it_changes(group):
 
 def test_root_configs_only_pick_groups():
     for path in CONFIGS.glob("*.yaml"):
-        assert set(_yaml(path)) == {"defaults"}, f"{path.name}: settings belong in gpt/config.py"
+        assert set(_yaml(path)) == {"defaults"}, f"{path.name}: settings belong in gpt/config/__init__.py"
 
 
 def test_the_default_config_is_the_schema_defaults():
@@ -187,7 +186,7 @@ def test_data_dir_follows_environment(tmp_path, monkeypatch):
 def test_gpt2_preset_has_124m_parameters():
     s = compose("config", ["model=gpt2"])
     with torch.device("meta"):  # shapes only: no memory, no init time
-        model = GPT(architectures.config_from_settings(s.model))
+        model = GPT(registry.config_from_settings(s.model))
     assert model.config.vocab_size == 50257
     assert model.lm_head.weight is model.transformer.wte.weight
     assert model.num_params() == 124_439_808

@@ -1,4 +1,4 @@
-"""gpt/distributed.py: where a process sits (torchrun, SLURM), and two CPU processes under
+"""gpt/runtime/distributed.py: where a process sits (torchrun, SLURM), and two CPU processes under
 torchrun training exactly like one process with twice the batch, stopping together on SIGTERM.
 Run: pytest tests/test_distributed.py"""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 from helpers import REPO, hooked_pythonpath, run_script, sigterm_after_step_5
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
@@ -166,7 +166,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise
 
 
 def test_process_placement_from_torchrun_or_slurm(monkeypatch):
-    from gpt import distributed
+    from gpt.runtime import distributed
 
     for var in (
         *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),

@@ -205,10 +205,10 @@ def stubbed(monkeypatch, tmp_path):
 
 def _model_and_source(settings) -> None:
     """The checks of train's preflight that need no files, network or devices."""
-    from gpt import architectures
     from gpt.data import sources
+    from gpt.model import registry
 
-    architectures.config_from_settings(settings.model, vocab_size=1)
+    registry.config_from_settings(settings.model, vocab_size=1)
     sources.check(settings.data.source)
 
 

@@ -1,4 +1,4 @@
-"""gpt/evaluation.py: every token scored once, bytes counted per token, the numbers consistent.
+"""gpt/evals/perplexity.py: every token scored once, bytes counted per token, the numbers consistent.
 Run: pytest tests/test_evaluation.py"""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.evaluation import evaluate_tokens, split_tokens, token_bytes, windows
+from gpt.evals.perplexity import evaluate_tokens, split_tokens, token_bytes, windows
 from gpt.model import GPT, GPTConfig
-from gpt.tokenizer import ByteTokenizer, TiktokenTokenizer
+from gpt.tokenizers import ByteTokenizer, TiktokenTokenizer
 from helpers import write_ranks
 
 

@@ -1,4 +1,4 @@
-"""gpt/finetune.py: training from trained weights (an exported GPT-2 folder or a run of ours):
+"""gpt/training/finetune.py: training from trained weights (an exported GPT-2 folder or a run of ours):
 freezing, LoRA adapters that resume and merge, tokenizer and base-model checks.
 Run: pytest tests/test_finetune.py"""
 
@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from gpt import architectures, checkpoint, loading
+from gpt.checkpoints import checkpoint, loading
 from gpt.errors import TinyGPTError
-from gpt.lora import apply_lora
+from gpt.model import registry
+from gpt.model.lora import apply_lora
 from gpt.training import train
 from helpers import compose, export_hf
 
@@ -69,7 +70,7 @@ def test_lora_finetune_resumes_and_samples_merged(tmp_path, data_root):
     best = checkpoint.load(tmp_path / "ft" / "checkpoints" / "best.pt")
     assert not any(".lora_" in k for k in best.model) and best.lora is None  # merged for sampling and export
     merged = loading.load(str(checkpoint.latest(tmp_path / "ft"))).model  # adapters folded in on load
-    unmerged = architectures.build(architectures.config_from_dict(step_ckpt.model_config)).eval()
+    unmerged = registry.build(registry.config_from_dict(step_ckpt.model_config)).eval()
     apply_lora(unmerged, step_ckpt.lora["rank"], step_ckpt.lora["alpha"])
     unmerged.load_state_dict(step_ckpt.model)
     idx = torch.randint(0, 10, (1, 8))

@@ -1,4 +1,4 @@
-"""gpt/generation.py: KV cache equivalence, sampling controls, stop strings, streaming, batching.
+"""gpt/generation/__init__.py: KV cache equivalence, sampling controls, stop strings, streaming, batching.
 Run: pytest tests/test_generation.py"""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gpt.generation import (
     stream,
 )
 from gpt.model import GPT, GPTConfig
-from gpt.tokenizer import CharTokenizer
+from gpt.tokenizers import CharTokenizer
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

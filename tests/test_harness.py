@@ -1,6 +1,6 @@
-"""gpt/harness.py and `tinygpt harness`: lm-evaluation-harness on tinygpt models, offline, on a
+"""gpt/evals/harness.py and `tinygpt harness`: lm-evaluation-harness on tinygpt models, offline, on a
 task whose items the test writes. What it reports equals tinygpt's own measurements: multiple-
-choice accuracy equal to gpt.tasks, a document's log-likelihood equal to the harness's own rolling
+choice accuracy equal to gpt.evals.tasks, a document's log-likelihood equal to the harness's own rolling
 windows scored with the model directly, generated text equal to gpt.generation's.
 Run: pytest tests/test_harness.py"""
 
@@ -15,15 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt import architectures, checkpoint, loading
 from gpt.apps import harness as harness_app
-from gpt.checkpoint import Checkpoint
+from gpt.checkpoints import checkpoint, loading
+from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.config import SamplingSettings, TaskSettings
+from gpt.evals.scoring import score
+from gpt.evals.tasks import evaluate_task, examples, requests
 from gpt.generation import generate
-from gpt.model import GPT, GPTConfig
-from gpt.scoring import score
-from gpt.tasks import evaluate_task, examples, requests
-from gpt.tokenizer import ByteTokenizer, CharTokenizer
+from gpt.model import GPT, GPTConfig, registry
+from gpt.tokenizers import ByteTokenizer, CharTokenizer
 from helpers import REPO, assert_one_line_error, run_script
 
 lm_eval = pytest.importorskip("lm_eval")  # the eval extra
@@ -31,7 +31,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
-from gpt.harness import TinyGPTLM  # noqa: E402
+from gpt.evals.harness import TinyGPTLM  # noqa: E402
 
 CPU = torch.device("cpu")
 # ARC-like items in the Hub's format, written in characters a model trained on Tiny Shakespeare knows
@@ -97,7 +97,7 @@ def save_model(path, tokenizer, text: str | None = None, block_size: int = 16):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    ckpt = Checkpoint(model=model.state_dict(), model_config=architectures.config_to_dict(config), tokenizer=tokenizer.to_dict())
+    ckpt = Checkpoint(model=model.state_dict(), model_config=registry.config_to_dict(config), tokenizer=tokenizer.to_dict())
     checkpoint.save(path, ckpt)
     return path
 
@@ -268,7 +268,7 @@ def test_mistakes_before_lm_eval_starts_are_one_line_errors(tmp_path, capsys, mo
 
 def test_lm_eval_still_finds_its_own_models_after_tinygpt_registers(tmp_path):
     # a fresh process: lm_eval lists its built-in models only when nothing was registered before
-    code = "import gpt.harness; from lm_eval.api.registry import get_model; print(get_model('dummy').__name__)"
+    code = "import gpt.evals.harness; from lm_eval.api.registry import get_model; print(get_model('dummy').__name__)"
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
     )
@@ -278,7 +278,7 @@ def test_lm_eval_still_finds_its_own_models_after_tinygpt_registers(tmp_path):
 def test_without_lm_eval_a_one_line_error_says_how_to_install_it(monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
         monkeypatch.setitem(sys.modules, name, None)  # importing it now fails, as when it is not installed
-    monkeypatch.delitem(sys.modules, "gpt.harness")
+    monkeypatch.delitem(sys.modules, "gpt.evals.harness")
     with pytest.raises(SystemExit) as stop:
         harness_app.main(["--tasks", "hellaswag"])
     assert stop.value.code == 2

@@ -1,4 +1,4 @@
-"""gpt/hf_tokenizer.py: a byte-level BPE trained on the corpus (deterministic, lossless, its
+"""gpt/tokenizers/hf.py: a byte-level BPE trained on the corpus (deterministic, lossless, its
 end-of-text unforgeable) and any tokenizer.json; their preparation, checkpoints and export.
 Run: pytest tests/test_hf_tokenizer.py"""
 
@@ -11,9 +11,9 @@ import pytest
 
 from gpt.config import TokenizerSettings
 from gpt.errors import TinyGPTError
-from gpt.evaluation import token_bytes
-from gpt.hf_tokenizer import EOT, HFTokenizer, train_bpe, training_sample
-from gpt.tokenizer import tokenizer_from_dict, tokenizer_identity
+from gpt.evals.perplexity import token_bytes
+from gpt.tokenizers import tokenizer_from_dict, tokenizer_identity
+from gpt.tokenizers.hf import EOT, HFTokenizer, train_bpe, training_sample
 from helpers import DOCS, TEXT, data_settings, load, write_corpus
 
 TRICKY = [
@@ -132,7 +132,7 @@ def test_a_hugging_face_folder_with_its_own_tokenizer_json_loads_with_it(tmp_pat
     """A GPT-2-architecture folder whose vocabulary is not GPT-2's (not exported by tinygpt):
     its tokenizer.json is the model's tokenizer."""
     transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
-    from gpt import loading
+    from gpt.checkpoints import loading
 
     trained = _trained(300)
     cfg = transformers.GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)

@@ -21,7 +21,7 @@ def modules() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The gpt modules `name` imports anywhere in its file (`from gpt import io` is gpt.io)."""
+    """The gpt modules `name` imports anywhere in its file (`from gpt import io` is gpt.runtime.io)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -73,12 +73,12 @@ def test_the_finder_sees_a_circle_through_a_lazy_import(tmp_path):
     edges, and a planted circle is found."""
     planted = tmp_path / "config.py"
     planted.write_text(
-        "from gpt.errors import TinyGPTError\n\ndef f():\n    from gpt import tasks\n    from .data import sources\n"
+        "from gpt.errors import TinyGPTError\n\ndef f():\n    from gpt.evals import tasks\n    from .data import sources\n"
     )
     known = modules()
-    assert imports_of("gpt.config", planted, known) == {"gpt.errors", "gpt.tasks", "gpt.data.sources"}
+    assert imports_of("gpt.config", planted, known) == {"gpt.errors", "gpt.evals.tasks", "gpt.data.sources"}
     edges = graph() | {"gpt.config": imports_of("gpt.config", planted, known)}
-    assert any({"gpt.config", "gpt.tasks"} <= set(c) for c in circles(edges))
+    assert any({"gpt.config", "gpt.evals.tasks"} <= set(c) for c in circles(edges))
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert circles({"a": {"b"}, "b": set()}) == []
 
@@ -89,6 +89,6 @@ def test_no_module_of_gpt_imports_itself_back():
 
 
 def test_settings_import_no_behaviour():
-    """gpt/config.py is the settings: what it may import is the error type alone (the task
+    """gpt/config/__init__.py is the settings: what it may import is the error type alone (the task
     registry, the data sources and the model check names it leaves to their own modules)."""
-    assert imports_of("gpt.config", PACKAGE / "config.py", modules()) == {"gpt.errors"}
+    assert imports_of("gpt.config", PACKAGE / "config" / "__init__.py", modules()) == {"gpt.errors"}

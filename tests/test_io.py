@@ -1,4 +1,4 @@
-"""gpt/io.py: a write is all or nothing, whatever goes wrong in the middle.
+"""gpt/runtime/io.py: a write is all or nothing, whatever goes wrong in the middle.
 Run: pytest tests/test_io.py"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from gpt import io
+from gpt.runtime import io
 
 
 def test_atomic_write_replaces_only_when_complete(tmp_path):

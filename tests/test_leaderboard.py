@@ -1,4 +1,4 @@
-"""gpt/leaderboard.py: a sweep folder summarised, partial and crashed runs included.
+"""gpt/tracking/leaderboard.py: a sweep folder summarised, partial and crashed runs included.
 Run: pytest tests/test_leaderboard.py"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpt.errors import TinyGPTError
-from gpt.leaderboard import write_leaderboard
+from gpt.tracking.leaderboard import write_leaderboard
 
 
 def _fake_job(sweep, n, status=None, best=None, curve=()):

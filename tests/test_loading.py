@@ -1,4 +1,4 @@
-"""gpt/loading.py: one loader for a checkpoint, a run directory, a Hugging Face GPT-2 folder or
+"""gpt/checkpoints/loading.py: one loader for a checkpoint, a run directory, a Hugging Face GPT-2 folder or
 the newest run. Run: pytest tests/test_loading.py"""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt import checkpoint, loading
-from gpt.checkpoint import Checkpoint
+from gpt.checkpoints import checkpoint, loading
+from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.errors import TinyGPTError
-from gpt.lora import apply_lora
 from gpt.model import GPT, GPTConfig
-from gpt.tokenizer import CharTokenizer
+from gpt.model.lora import apply_lora
+from gpt.tokenizers import CharTokenizer
 from helpers import export_hf
 
 CHARS = list("abcdefgh")
@@ -87,7 +87,7 @@ def test_clear_errors(tmp_path):
 def test_a_checkpoint_seen_to_fit_is_not_built_again_until_it_changes(tmp_path, monkeypatch):
     """Preflight and set-up both ask whether the same checkpoints can be resumed: the model is
     built once per file; a file rewritten since is checked afresh (and refused if it no longer fits)."""
-    from gpt.checkpoint import TrainingState
+    from gpt.checkpoints.checkpoint import TrainingState
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))

@@ -1,12 +1,12 @@
-"""gpt/lora.py: adapters on the right layers only, merged equals unmerged.
+"""gpt/model/lora.py: adapters on the right layers only, merged equals unmerged.
 Run: pytest tests/test_lora.py"""
 
 from __future__ import annotations
 
 import torch
 
-from gpt.lora import apply_lora, merge_lora, merged_state_dict
 from gpt.model import GPT, GPTConfig
+from gpt.model.lora import apply_lora, merge_lora, merged_state_dict
 
 
 def test_lora_merged_equals_unmerged():

@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from gpt.architectures import build, config_from_dict
 from gpt.config import OPTIMIZERS, AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
-from gpt.lora import apply_lora
 from gpt.model import GPT, GPTConfig
-from gpt.optim import CosineSchedule, build_optimizer, ns_dtype_for, orthogonalize, param_groups
+from gpt.model.lora import apply_lora
+from gpt.model.registry import build, config_from_dict
+from gpt.training.optim import CosineSchedule, build_optimizer, ns_dtype_for, orthogonalize, param_groups
 
 
 def test_weight_decay_only_on_matrices():
@@ -199,7 +199,7 @@ def test_training_imports_no_dynamo():
     """torch.optim imports torch._dynamo (~70 MB resident) on first use; our optimizers must not,
     or the CPU quickstart's memory grows by a fifth."""
     code = (
-        "import sys, torch; from gpt.model import GPT, GPTConfig; from gpt.optim import build_optimizer; "
+        "import sys, torch; from gpt.model import GPT, GPTConfig; from gpt.training.optim import build_optimizer; "
         "from gpt.config import OPTIMIZERS\n"
         "m = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=1, n_embd=8))\n"
         "for name in ('adamw', 'muon'):\n"

@@ -1,4 +1,4 @@
-"""gpt/preemption.py: how a signal ends what is running. Run: pytest tests/test_preemption.py"""
+"""gpt/runtime/preemption.py: how a signal ends what is running. Run: pytest tests/test_preemption.py"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_a_forked_child_ends_on_sigterm_instead_of_stopping_cleanly():
     import signal
     import time
 
-    from gpt.preemption import StopRequest
+    from gpt.runtime.preemption import StopRequest
 
     with StopRequest(log=lambda *a: None):
         pid = os.fork()
@@ -37,8 +37,8 @@ def test_a_signal_while_a_distributed_command_starts_is_kept_for_the_run():
 
     import pytest
 
-    from gpt import preemption
-    from gpt.preemption import Preempted, StopRequest
+    from gpt.runtime import preemption
+    from gpt.runtime.preemption import Preempted, StopRequest
 
     before = signal.getsignal(signal.SIGTERM)
     try:

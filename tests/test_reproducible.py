@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 from helpers import REPO, sigterm_after_step_5
 
 # 40 steps, a loss at every one, an eval and a checkpoint every 5: resume points all along the run.

@@ -1,4 +1,4 @@
-"""gpt/rnn.py: one step of each recurrent model equals its textbook equations, and the fused
+"""gpt/model/rnn.py: one step of each recurrent model equals its textbook equations, and the fused
 kernels equal the explicit steps. Run: pytest tests/test_rnn.py"""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt.rnn import RecurrentLM, RNNConfig, RNNState
+from gpt.model.rnn import RecurrentLM, RNNConfig, RNNState
 
 
 def _hand_step(arch, x, h, c, w_ih, w_hh, b_ih, b_hh):
-    """The textbook equations, written independently of gpt/rnn.py."""
+    """The textbook equations, written independently of gpt/model/rnn.py."""
     sig = torch.sigmoid
     if arch == "rnn":
         return torch.tanh(w_ih @ x + b_ih + w_hh @ h + b_hh), None

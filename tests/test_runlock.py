@@ -1,4 +1,4 @@
-"""gpt/runlock.py: one training process per run directory; a lock whose owner is gone is taken
+"""gpt/runtime/runlock.py: one training process per run directory; a lock whose owner is gone is taken
 over. Run: pytest tests/test_runlock.py"""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt import runlock
 from gpt.errors import TinyGPTError
-from gpt.runlock import RunLock
+from gpt.runtime import runlock
+from gpt.runtime.runlock import RunLock
 from helpers import REPO, assert_one_line_error, run_script
 
 
@@ -136,8 +136,8 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     """`tinygpt train hydra.run.dir=R` takes R's lock before its checks read R or Hydra moves or
     writes anything there, and holds it until the process ends; a start while another process
     holds it is refused with the earlier run's record in place, before anything reads the run."""
-    from gpt import loading
     from gpt.apps.train import claim_run_dir
+    from gpt.checkpoints import loading
 
     monkeypatch.chdir(tmp_path)
     examined = []

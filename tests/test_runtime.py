@@ -1,4 +1,4 @@
-"""gpt/runtime.py: device, dtype and compile decided once with their reasons (the CUDA choices
+"""gpt/runtime/devices.py: device, dtype and compile decided once with their reasons (the CUDA choices
 tested with a pretend GPU, so CPU-only CI still covers them), and the random state a checkpoint
 carries. Run: pytest tests/test_runtime.py"""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import runtime
 from gpt.errors import TinyGPTError
+from gpt.runtime import devices
 
 
 @pytest.fixture
@@ -26,55 +26,55 @@ def pretend_gpu(monkeypatch):
 
 def test_auto_on_a_cpu_machine_is_cpu_fp32_no_compile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(runtime, "_mps_available", lambda: False)
-    rt = runtime.setup("auto", "auto", "auto", threads=1)
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    rt = devices.setup("auto", "auto", "auto", threads=1)
     assert rt.device == torch.device("cpu") and rt.dtype == torch.float32 and not rt.compile and not rt.use_grad_scaler
     assert "no CUDA or MPS found" in rt.describe() and "dtype float32" in rt.describe() and "compile off on cpu" in rt.describe()
     with rt.autocast():  # fp32: no autocast at all
         assert not torch.is_autocast_enabled()
-    assert runtime.pick_device("auto")[0] == torch.device("cpu")
+    assert devices.pick_device("auto")[0] == torch.device("cpu")
 
 
 def test_auto_on_a_gpu_picks_bf16_from_sm80_and_fp16_with_a_scaler_below(pretend_gpu):
-    device, why = runtime.pick_device("auto")
+    device, why = devices.pick_device("auto")
     assert device == torch.device("cuda") and "NVIDIA H200" in why and "auto-detected" in why
-    assert runtime.pick_dtype(device) == (torch.bfloat16, "dtype bfloat16 autocast (SM 90 supports bf16)")
-    assert runtime.pick_compile(device) == (True, "compile on for CUDA")
+    assert devices.pick_dtype(device) == (torch.bfloat16, "dtype bfloat16 autocast (SM 90 supports bf16)")
+    assert devices.pick_compile(device) == (True, "compile on for CUDA")
     pretend_gpu["sm"] = (7, 5)  # a T4: no native bf16
-    dtype, why = runtime.pick_dtype(device)
+    dtype, why = devices.pick_dtype(device)
     assert dtype == torch.float16 and "GradScaler" in why
-    assert runtime.Runtime(device, dtype, False).use_grad_scaler
-    assert runtime.pick_device("auto", local_rank=3)[0] == torch.device("cuda", 3)  # torchrun: its own GPU
-    assert runtime.pick_device("cuda", local_rank=2)[0] == torch.device("cuda", 2)
-    assert runtime.pick_device("cuda:1", local_rank=2)[0] == torch.device("cuda", 1)  # an index given wins
-    assert runtime.peak_flops(device) == runtime.PEAK_FLOPS["H200"] and runtime.peak_flops(device, 5e12) == 5e12
+    assert devices.Runtime(device, dtype, False).use_grad_scaler
+    assert devices.pick_device("auto", local_rank=3)[0] == torch.device("cuda", 3)  # torchrun: its own GPU
+    assert devices.pick_device("cuda", local_rank=2)[0] == torch.device("cuda", 2)
+    assert devices.pick_device("cuda:1", local_rank=2)[0] == torch.device("cuda", 1)  # an index given wins
+    assert devices.peak_flops(device) == devices.PEAK_FLOPS["H200"] and devices.peak_flops(device, 5e12) == 5e12
 
 
 def test_forced_choices_and_mistakes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(runtime, "_mps_available", lambda: False)
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
     cpu = torch.device("cpu")
-    assert runtime.pick_dtype(cpu, "bfloat16") == (torch.bfloat16, "dtype bfloat16 (forced by config)")
-    assert runtime.pick_compile(cpu, True)[0] and not runtime.pick_compile(cpu, "False")[0]
-    assert runtime.peak_flops(cpu) is None  # no MFU on a CPU
+    assert devices.pick_dtype(cpu, "bfloat16") == (torch.bfloat16, "dtype bfloat16 (forced by config)")
+    assert devices.pick_compile(cpu, True)[0] and not devices.pick_compile(cpu, "False")[0]
+    assert devices.peak_flops(cpu) is None  # no MFU on a CPU
     for call, needle in [
-        (lambda: runtime.pick_device("cuda"), "no usable CUDA GPU; use device=auto or device=cpu"),
-        (lambda: runtime.pick_device("mps"), "MPS is not available here"),
-        (lambda: runtime.pick_device("cuda:x"), "malformed; use cuda:N"),
-        (lambda: runtime.pick_device("tpu"), "device='tpu' is unknown"),
-        (lambda: runtime.pick_dtype(cpu, "fp8"), "dtype='fp8' is unknown"),
-        (lambda: runtime.pick_compile(cpu, "maybe"), "compile='maybe' is not understood"),
+        (lambda: devices.pick_device("cuda"), "no usable CUDA GPU; use device=auto or device=cpu"),
+        (lambda: devices.pick_device("mps"), "MPS is not available here"),
+        (lambda: devices.pick_device("cuda:x"), "malformed; use cuda:N"),
+        (lambda: devices.pick_device("tpu"), "device='tpu' is unknown"),
+        (lambda: devices.pick_dtype(cpu, "fp8"), "dtype='fp8' is unknown"),
+        (lambda: devices.pick_compile(cpu, "maybe"), "compile='maybe' is not understood"),
     ]:
         with pytest.raises(TinyGPTError, match=needle):
             call()
 
 
 def test_the_rng_state_restores_every_generator_and_survives_a_weights_only_load(tmp_path):
-    runtime.seed_everything(3)
+    devices.seed_everything(3)
     random.random(), np.random.rand(), torch.rand(1)
-    torch.save(runtime.rng_state(torch.device("cpu")), tmp_path / "rng.pt")
+    torch.save(devices.rng_state(torch.device("cpu")), tmp_path / "rng.pt")
     expected = (random.random(), float(np.random.rand()), torch.rand(3))
-    runtime.seed_everything(99)  # anything else in between
-    runtime.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    devices.seed_everything(99)  # anything else in between
+    devices.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     got = (random.random(), float(np.random.rand()), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])

@@ -1,4 +1,4 @@
-"""gpt/scoring.py: continuation log-likelihoods, batched and padded, equal to scoring every
+"""gpt/evals/scoring.py: continuation log-likelihoods, batched and padded, equal to scoring every
 token alone (transformers in windows of their context, recurrent models whole).
 Run: pytest tests/test_scoring.py"""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpt.evals.scoring import score
 from gpt.model import GPT, GPTConfig
-from gpt.rnn import RecurrentLM, RNNConfig
-from gpt.scoring import score
+from gpt.model.rnn import RecurrentLM, RNNConfig
 
 CPU = torch.device("cpu")
 

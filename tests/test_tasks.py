@@ -1,4 +1,4 @@
-"""gpt/tasks.py: zero-shot task accuracy equal to what a hand computation gives on fixture items
+"""gpt/evals/tasks.py: zero-shot task accuracy equal to what a hand computation gives on fixture items
 written in each task's official format.
 Run: pytest tests/test_tasks.py"""
 
@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from gpt.config import TaskSettings
 from gpt.errors import TinyGPTError
+from gpt.evals.scoring import score
+from gpt.evals.tasks import TASKS, evaluate_task, examples
 from gpt.model import GPTConfig
-from gpt.scoring import score
-from gpt.tasks import TASKS, evaluate_task, examples
-from gpt.tokenizer import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from helpers import write_ranks
 
 CPU = torch.device("cpu")
@@ -195,7 +195,7 @@ def test_gpt2_124m_task_loglikelihoods_equal_transformers(tmp_path, gpt2_ranks):
     """GPT-2 (124M) shape from a random-init Hugging Face folder, imported by tinygpt: every
     choice's log-likelihood equals transformers' own forward pass on the same tokens."""
     transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
-    from gpt import loading
+    from gpt.checkpoints import loading
 
     torch.manual_seed(0)
     # a wider init than GPT-2's 0.02 so the distributions are peaked: an off-by-one position or

@@ -1,4 +1,4 @@
-"""gpt/threads.py: a run's CPU thread count comes from a rule that never looks at the load
+"""gpt/runtime/threads.py: a run's CPU thread count comes from a rule that never looks at the load
 (threads=N, else OMP_NUM_THREADS, else a resumed checkpoint's count, else the cores), and stays;
 other work at the start is one notice; threads=auto follows the load. On a pretend 4-core
 machine whose counters and clock the tests move. Run: pytest tests/test_threads.py"""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt import threads
 from gpt.errors import TinyGPTError
+from gpt.runtime import threads
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gpt.errors import TinyGPTError
-from gpt.tokenizer import ByteTokenizer, CharTokenizer, TiktokenTokenizer, tokenizer_from_dict, tokenizer_identity
+from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, tokenizer_from_dict, tokenizer_identity
 from helpers import write_ranks
 
 

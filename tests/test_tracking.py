@@ -1,4 +1,4 @@
-"""gpt/tracking.py: a run's summary.json as a sweep reads it: stale when its writer is gone, and
+"""gpt/tracking/__init__.py: a run's summary.json as a sweep reads it: stale when its writer is gone, and
 a failure recorded without ever writing over another run's record.
 Run: pytest tests/test_tracking.py"""
 

@@ -9,7 +9,7 @@ the conversation again (the system message stays), `/exit` (or Ctrl-D) ends it. 
 kept while it fits the model's context; then the oldest turns are dropped, with a notice. When
 stdin is not a terminal, each line is one user message of one conversation, and each reply is
 printed on stdout as one block followed by a newline: scripts read replies, status goes to
-stderr. Settings and defaults: gpt/config.py (ChatConfig; the controls are SamplingSettings).
+stderr. Settings and defaults: gpt/config/__init__.py (ChatConfig; the controls are SamplingSettings).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ def main(argv: list[str] | None = None) -> None:
 def load_chat_model(s, status: TextIO | None = None):
     """(model on its device, tokenizer with the chat template, runtime) of the model `s` names;
     a model without the template is refused, saying how to give it one."""
-    from gpt import loading, runtime
+    from gpt.checkpoints import loading
+    from gpt.runtime import devices
 
-    rt = runtime.setup(s.device, s.dtype, False, threads=s.threads)
+    rt = devices.setup(s.device, s.dtype, False, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))
     tokenizer = loaded.tokenizer()
     if not hasattr(tokenizer, "prompt"):

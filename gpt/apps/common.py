@@ -19,7 +19,7 @@ from hydra.errors import CompactHydraException
 
 from gpt.config import MuonSettings, expected_type, register_schemas
 from gpt.errors import TinyGPTError
-from gpt.preemption import Preempted
+from gpt.runtime.preemption import Preempted
 
 T = TypeVar("T")
 
@@ -316,12 +316,12 @@ def run_command(argv: list[str], config_name: str, command: str, doc: str, fn: C
 
 
 def rank() -> int:
-    """This process's rank under torchrun or SLURM (see gpt.distributed.from_env), 0 alone."""
+    """This process's rank under torchrun or SLURM (see gpt.runtime.distributed.from_env), 0 alone."""
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0") if "SLURM_NTASKS" in os.environ else "0"))
 
 
 def world_size() -> int:
-    """How many processes the run has under torchrun or SLURM (as gpt.distributed.from_env
+    """How many processes the run has under torchrun or SLURM (as gpt.runtime.distributed.from_env
     reads it, without importing torch), 1 alone."""
     env = os.environ
     return int(env.get("WORLD_SIZE", 1) if "RANK" in env or "SLURM_NTASKS" not in env else env["SLURM_NTASKS"])

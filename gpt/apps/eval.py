@@ -8,7 +8,7 @@
     tinygpt eval init_from=gpt2 task=hellaswag                     # zero-shot: hellaswag | lambada | arc_easy | arc_challenge
     tinygpt eval task=arc_easy task.limit=500 task.path=ARC-Easy-Test.jsonl
 
-Settings and defaults: gpt/config.py (EvalConfig).
+Settings and defaults: gpt/config/__init__.py (EvalConfig).
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ def main(argv: list[str] | None = None) -> None:
 def evaluate(s: EvalConfig) -> dict:
     import numpy as np
 
-    from gpt import loading, runtime
     from gpt.apps.sample import read_text
-    from gpt.evaluation import evaluate_tokens
+    from gpt.checkpoints import loading
+    from gpt.evals.perplexity import evaluate_tokens
+    from gpt.runtime import devices
 
-    rt = runtime.setup(s.device, "auto", False, threads=s.threads)
+    rt = devices.setup(s.device, "auto", False, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     tokenizer = loaded.tokenizer()
     if s.task is not None:
@@ -56,7 +57,7 @@ def evaluate(s: EvalConfig) -> dict:
 
 
 def _task(s: EvalConfig, loaded, tokenizer, device) -> dict:
-    from gpt.tasks import evaluate_task, examples
+    from gpt.evals.tasks import evaluate_task, examples
 
     items = examples(s.task, s.paths.data_root())
     r = evaluate_task(loaded.model.to(device), tokenizer, s.task.name, items, device, s.batch_size)
@@ -69,8 +70,8 @@ def _split_tokens(s: EvalConfig, loaded):
     """The tokens of a prepared split: of data=<name> when given, else of the model's own data."""
     from gpt.config import DataSettings
     from gpt.data import load_data
-    from gpt.evaluation import split_tokens
-    from gpt.tokenizer import require_same
+    from gpt.evals.perplexity import split_tokens
+    from gpt.tokenizers import require_same
 
     data_settings = s.data
     if data_settings is None:

@@ -9,7 +9,7 @@ Qwen2's / Qwen3's) for the Llama block:
 Then `transformers.AutoModelForCausalLM.from_pretrained("hf_model")` loads it (LoRA adapters
 are merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer, Hugging Face
 tokenizers their tokenizer.json).
-Settings and defaults: gpt/config.py (ExportConfig).
+Settings and defaults: gpt/config/__init__.py (ExportConfig).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export(s: ExportConfig) -> Path:
-    from gpt import interop, loading
+    from gpt import interop
+    from gpt.checkpoints import loading
 
     if Path(s.out).expanduser().exists() and not Path(s.out).expanduser().is_dir():
         raise TinyGPTError(f"out={s.out} is a file; name a folder for the Hugging Face files")

@@ -8,7 +8,7 @@
 The options are lm_eval's own (`tinygpt harness run --help`); tinygpt's defaults: --model tinygpt,
 --device auto, --batch_size auto (16), and pretrained= the newest run under outputs/runs. In
 --model_args, pretrained= is a run directory, a checkpoint file, or a GPT-2 name or folder.
-Needs the eval extra: pip install 'tinygpt[eval]'. The adapter: gpt/harness.py.
+Needs the eval extra: pip install 'tinygpt[eval]'. The adapter: gpt/evals/harness.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(argv: list[str]) -> None:
-    import gpt.harness  # noqa: F401  (registers the tinygpt model with lm_eval, or says how to install it)
+    import gpt.evals.harness  # noqa: F401  (registers the tinygpt model with lm_eval, or says how to install it)
 
     # lm_eval's other subcommands (ls, validate) and help take none of the options defaulted here
     if argv[0] not in ("ls", "validate") and not {"-h", "--help"} & set(argv):
@@ -59,7 +59,8 @@ def with_defaults(argv: list[str]) -> list[str]:
     if (given.model or "tinygpt") != "tinygpt":
         return argv + extra
     extra += ["--device", "auto"] * (given.device is None) + ["--batch_size", "auto"] * (given.batch_size is None)
-    from gpt import harness, loading
+    from gpt.checkpoints import loading
+    from gpt.evals import harness
 
     args = model_args(given.model_args)
     harness.check_args(args)

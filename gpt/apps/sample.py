@@ -7,7 +7,7 @@
     tinygpt sample prompt_file=prompts.jsonl stream=false out_file=samples.jsonl
 
 The prompt is taken verbatim (any Unicode, no Hydra quoting). Samples go to stdout, status
-lines to stderr. Settings and defaults: gpt/config.py (SampleConfig; the generation controls
+lines to stderr. Settings and defaults: gpt/config/__init__.py (SampleConfig; the generation controls
 are SamplingSettings).
 """
 
@@ -91,13 +91,14 @@ def sample(
     """Generate per the settings; result[i][j] is sample j of prompt i. Samples stream to `out`
     as they are generated (stream=true), or come as one padded batch; status lines go to
     `status`. None for either prints nothing (the Python API)."""
-    from gpt import loading, runtime
+    from gpt.checkpoints import loading
+    from gpt.runtime import devices
 
     s.stop = tuple(unescape(stop) for stop in s.stop)  # typed in a shell: \n is a backslash and an n
     prompts = read_prompts(s, stdin)
     if s.out_file:  # refused now, not after every sample was generated
         _check_out_file(Path(s.out_file).expanduser())
-    rt = runtime.setup(s.device, s.dtype, s.compile, threads=s.threads)
+    rt = devices.setup(s.device, s.dtype, s.compile, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))
     model, tokenizer = loaded.model.to(rt.device), loaded.tokenizer()
     if hasattr(tokenizer, "unknown_chars"):  # fail before any output, not mid-way

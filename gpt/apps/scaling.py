@@ -87,7 +87,7 @@ def run(s: ScalingConfig, extra: list[str], argv: list[str]) -> dict:
         f"Data `{settings.data.name}`, {per_step:,} tokens per step; sizes `model.depth` in {s.depths} "
         f"(depth layers and heads, {settings.model.aspect_ratio} dims per head); budgets "
         + ", ".join(f"{b:.3g}" for b in s.budgets)
-        + " training FLOPs (6N + attention per token, gpt/scaling/compute.py). Loss: each run's final val loss.",
+        + " training FLOPs (6N + attention per token, gpt/model/compute.py). Loss: each run's final val loss.",
         "",
         f"Time: {got.seconds / 60:.1f} min for the {len(jobs)} jobs (their wall-clock times, summed)"
         + (f", {result['seconds']['check'] / 60:.1f} min for the check." if result["seconds"].get("check") else "."),

@@ -9,7 +9,7 @@
 Then open http://127.0.0.1:8000/ (the playground), or call the OpenAI-compatible API:
 POST /v1/completions, GET /v1/models, GET /health. Requests name a model by the id
 /v1/models lists; the server only opens the models it was started with. Settings, limits and
-defaults: gpt/config.py (ServeConfig). Needs the serve extra (pip install 'tinygpt[serve]').
+defaults: gpt/config/__init__.py (ServeConfig). Needs the serve extra (pip install 'tinygpt[serve]').
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def model_sources(s: ServeConfig) -> list[tuple[str, str]]:
     """(id, source) of each model to serve: `models` (or every run with models=all), else the
     one model run_dir / ckpt / init_from / the newest run names. Ids are short names: a run's
     folder (relative to paths.runs_dir when under it), a checkpoint's run/file, a GPT-2 name."""
-    from gpt import checkpoint, interop, loading
+    from gpt import interop
+    from gpt.checkpoints import checkpoint, loading
 
     runs_root = Path(s.paths.runs_dir).expanduser()
     if s.models == ["all"]:
@@ -79,7 +80,8 @@ def serve(s: ServeConfig) -> None:
         from gpt.serve.engine import Engine
     except ImportError as e:
         raise TinyGPTError(f"tinygpt serve needs the serve extra ({e.name} is missing): pip install 'tinygpt[serve]'") from None
-    from gpt import loading, runtime
+    from gpt.checkpoints import loading
+    from gpt.runtime import devices
 
     api_key = s.api_key or os.environ.get("TINYGPT_API_KEY") or None
     _check_port(s.host, s.port)
@@ -88,7 +90,7 @@ def serve(s: ServeConfig) -> None:
             f"warning: serving on {s.host} without an API key: anyone who can reach it may use it (set api_key=...)",
             file=sys.stderr,
         )
-    rt = runtime.setup(s.device, s.dtype, False, threads=s.threads)
+    rt = devices.setup(s.device, s.dtype, False, threads=s.threads)
     served = []
     for model_id, source in model_sources(s):
         loaded = loading.load(source)

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from gpt.apps import common
 from gpt.config import SweepConfig
 from gpt.errors import TinyGPTError
-from gpt.leaderboard import run_order, write_leaderboard
 from gpt.tracking import logger
+from gpt.tracking.leaderboard import run_order, write_leaderboard
 
 
 def main(argv: list[str] | None = None) -> None:

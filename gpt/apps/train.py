@@ -1,6 +1,6 @@
 """Train a model: `tinygpt train [key=value ...]` (or `python train.py ...` in a checkout), a
 sweep with `-m` (`tinygpt train -m optim.lr=1e-3,3e-4`). `--cfg job` prints the composed
-config, `--help` Hydra's help. The settings and their defaults: gpt/config.py (RunConfig).
+config, `--help` Hydra's help. The settings and their defaults: gpt/config/__init__.py (RunConfig).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _COMMAND = "tinygpt train"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gpt import preemption
+    from gpt.runtime import preemption
 
     if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
         preemption.defer_until_the_run_listens()
@@ -46,7 +46,7 @@ def claim_run_dir(overrides: list[str], own: list[str]) -> list[str]:
     into one directory exactly one goes on and nothing of the other's run is read or moved
     meanwhile; then every check (`preflight`), and the earlier run's record kept aside. Returns
     the override that pins Hydra to the directory resolved."""
-    from gpt import runlock
+    from gpt.runtime import runlock
 
     if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks)
         preflight(common.compose("config", own, _COMMAND))
@@ -115,12 +115,15 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
     """The checks that need no data (model shape, data source and root, what the run resumes
     from, runtime; the others ran when the settings were built). `run_dir`: the directory the
     run trains into, which may hold a run to resume; returns where it resumes from
-    (gpt.loading.ResumePoint), examined once. `here`: whether it runs on this machine (a SLURM job
+    (gpt.checkpoints.loading.ResumePoint), examined once. `here`: whether it runs on this machine (a SLURM job
     finds its node's devices itself)."""
-    from gpt import architectures, loading, runtime, tasks
+    from gpt.checkpoints import loading
     from gpt.data import sources
+    from gpt.evals import tasks
+    from gpt.model import registry
+    from gpt.runtime import devices
 
-    architectures.config_from_settings(settings.model, vocab_size=1)
+    registry.config_from_settings(settings.model, vocab_size=1)
     tasks.check_names(settings.train.eval_tasks)
     sources.check(settings.data.source)
     _check_data_root(settings.paths.data_root())
@@ -130,9 +133,9 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
     if settings.init_from:
         loading.check(settings.init_from)
     if here:
-        device, _ = runtime.pick_device(settings.device)
-        runtime.pick_dtype(device, settings.dtype)
-        runtime.pick_compile(device, settings.compile)
+        device, _ = devices.pick_device(settings.device)
+        devices.pick_dtype(device, settings.dtype)
+        devices.pick_compile(device, settings.compile)
     return point
 
 
@@ -149,7 +152,7 @@ def _resume_point(settings: RunConfig, run_dir: Path | None):
     """Where the run continues from (checked as set-up will use it: loads, holds the training
     state, weights fit). Without a run directory (a sweep's job, a rank other than 0), only a
     resume= checkpoint given by path is checked."""
-    from gpt import checkpoint, loading
+    from gpt.checkpoints import checkpoint, loading
 
     if run_dir is not None or isinstance(checkpoint.parse_resume(settings.resume), Path):
         return loading.resume_point(settings.resume, run_dir)
@@ -162,7 +165,7 @@ def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
     data is prepared (gpt.training.setup)."""
     from dataclasses import asdict
 
-    from gpt.tokenizer import difference, normalize_spec, tokenizer_identity
+    from gpt.tokenizers import difference, normalize_spec, tokenizer_identity
 
     theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
     if "vocab_size" not in ours:  # known once the ranks file is read
@@ -194,7 +197,7 @@ def _refuse_files(overrides: list[str]) -> None:
 def _keep_earlier_record(run_dir: Path, point) -> None:
     """Training into a directory that holds a run resumes it (or was refused by now): Hydra would
     overwrite that run's .hydra/ record before any of our code runs, so it is kept as .hydra-<n>/."""
-    from gpt import checkpoint
+    from gpt.checkpoints import checkpoint
 
     record = run_dir / ".hydra"
     if not checkpoint.has_run(run_dir) or not record.is_dir():
@@ -262,8 +265,8 @@ def _task(cfg) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from gpt import distributed
-    from gpt.preemption import Preempted
+    from gpt.runtime import distributed
+    from gpt.runtime.preemption import Preempted
     from gpt.tracking import logger, record_failure
     from gpt.training import train  # imported here so that `--help` and config errors stay fast
 
@@ -318,9 +321,9 @@ def _task(cfg) -> float:
         # Out of the except block, the error and the frames it holds (the failed job's model and
         # optimizer) are gone: free them before the next job, which a sweeper may start while it
         # still holds the failure raised below.
-        from gpt import runtime
+        from gpt.runtime import devices
 
-        runtime.free_memory()
+        devices.free_memory()
         if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
             return float("nan")
         raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
@@ -332,7 +335,7 @@ def _unexpected(error: Exception, job_dir: Path) -> str:
     """One line for a job's unexpected error; its traceback goes to <job>/traceback.txt."""
     import traceback
 
-    from gpt import io
+    from gpt.runtime import io
 
     try:
         io.write_bytes(job_dir / "traceback.txt", "".join(traceback.format_exception(error)).encode())
@@ -345,7 +348,7 @@ def _unexpected(error: Exception, job_dir: Path) -> str:
 def after_stop(run_dir: Path, launcher: str) -> str:
     """What to do after a signal stopped the run: resume it, or (stopped during set-up, before its
     first checkpoint) start it again."""
-    from gpt import checkpoint
+    from gpt.checkpoints import checkpoint
 
     if checkpoint.latest(run_dir) is None:
         return (

@@ -29,7 +29,7 @@ import string
 from collections.abc import Callable
 from pathlib import Path
 
-from gpt import io
+from gpt.runtime import io
 
 NAME_ANSWER = "I am tinygpt, a small language model."
 SYSTEM = ("You are a helpful assistant.", "Answer briefly.", "You are tinygpt.")

@@ -3,7 +3,7 @@
 `load_data` is the one call the trainer makes; it downloads and prepares on first use and
 reuses prepared data (same fingerprint) afterwards. `python -m gpt.data data=<name>` prepares
 ahead of time. Conversations (records with `messages`, or Alpaca's fields) are prepared by
-gpt.chat.data with the chat template's loss mask instead.
+gpt.data.chat with the chat template's loss mask instead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gpt.config import DataSettings
 from gpt.data.prepare import FULL, STAMP, open_split, tokenizer_of
 from gpt.data.prepare import prepare as prepare_documents
 from gpt.data.sources import open_source
-from gpt.tokenizer import Tokenizer, normalize_spec
+from gpt.tokenizers import Tokenizer, normalize_spec
 
 
 @dataclass
@@ -74,14 +74,14 @@ def is_chat(data: DataSettings, data_root: Path) -> bool:
     data.format=chat says otherwise: guessing would touch the network."""
     if data.format != "auto":
         return data.format == "chat"
-    from gpt.chat.data import is_conversation
+    from gpt.data.chat import is_conversation
     from gpt.data.sources import first_record
 
     return is_conversation(first_record(data.source, data_root))
 
 
 def _load_conversations(data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log) -> Dataset:
-    from gpt.chat.data import open_chat_split, prepare_conversations
+    from gpt.data.chat import open_chat_split, prepare_conversations
     from gpt.data.sources import records
 
     spec = normalize_spec(base_tokenizer if base_tokenizer is not None else asdict(data.tokenizer))

@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
-from gpt.io import atomic_write, writable_dir
+from gpt.runtime.io import atomic_write, writable_dir
 
 _CHUNK = 1 << 20
 

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt import io
 from gpt.errors import TinyGPTError
-from gpt.hf_tokenizer import train_bpe, training_sample
-from gpt.tokenizer import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
+from gpt.runtime import io
+from gpt.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
+from gpt.tokenizers.hf import train_bpe, training_sample
 
 FORMAT_VERSION = 2
 SPLITS = ("train", "val")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from gpt import io
 from gpt.errors import TinyGPTError
 from gpt.interop import hf
 from gpt.model import GPT, GPTConfig
+from gpt.runtime import io
 
 HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 _TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

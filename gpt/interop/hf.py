@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from gpt import io
 from gpt.errors import TinyGPTError
-from gpt.hf_tokenizer import HFTokenizer
-from gpt.tokenizer import TiktokenTokenizer
+from gpt.runtime import io
+from gpt.tokenizers import TiktokenTokenizer
+from gpt.tokenizers.hf import HFTokenizer
 
 # A Hub repository id: owner/name
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from gpt import io
 from gpt.errors import TinyGPTError
 from gpt.interop import hf
 from gpt.model import GPT, GPTConfig
+from gpt.runtime import io
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

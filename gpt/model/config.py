@@ -111,7 +111,7 @@ class GPTConfig:
         """Build from a mapping such as a model preset; its `name` is a label and its `arch`
         (always "gpt" here) picks this class, neither is a field."""
         if d.get("arch", "gpt") != "gpt":
-            raise TinyGPTError(f"model.arch={d['arch']!r} is not a GPT; build it with gpt.architectures")
+            raise TinyGPTError(f"model.arch={d['arch']!r} is not a GPT; build it with gpt.model.registry")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known - {"name", "arch"})
         if unknown:

@@ -9,8 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from gpt import io
-from gpt.io import atomic_write
+from gpt.runtime import io
+from gpt.runtime.io import atomic_write
 from gpt.scaling.fit import Point
 
 PLOTS = ("isoflops.png", "frontier.png", "loss_vs_compute.png")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpt.config import RunConfig, ScalingConfig
 from gpt.errors import TinyGPTError
-from gpt.scaling import compute
+from gpt.model import compute
 from gpt.scaling.fit import Point
 
 RUNS, CHECK = "runs", "check"
@@ -46,13 +46,13 @@ def shapes(settings: RunConfig, depths, vocab_size: int) -> dict[int, dict]:
     a GPU preset's models are sized here on a laptop)."""
     import torch
 
-    from gpt import architectures
+    from gpt.model import registry
 
     out = {}
     for depth in depths:
-        config = architectures.config_from_settings(replace(settings.model, depth=depth), vocab_size=vocab_size)
+        config = registry.config_from_settings(replace(settings.model, depth=depth), vocab_size=vocab_size)
         with torch.device("meta"):
-            out[depth] = compute.counts(architectures.build(config))
+            out[depth] = compute.counts(registry.build(config))
     return out
 
 

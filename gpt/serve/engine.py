@@ -11,7 +11,7 @@ Each row computes exactly what `gpt.generation` computes for it alone (sample.py
 seeded generator (seed + j for the j-th completion of a prompt), its own sampling controls, the
 same prompt encoding and position ids (padding is masked out), and the same handling of text
 that outgrows the context: such a row re-encodes its last block_size tokens every step, in a
-group of its own, as the Decoder does (see gpt/generation.py's docstring).
+group of its own, as the Decoder does (see gpt/generation/__init__.py's docstring).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Engine:
 
     max_batch: rows decoded together (a job larger than that runs alone). max_queue: jobs that
     may wait for a slot; `submit` refuses more (the web layer answers 503). autocast: the
-    runtime's compute-dtype context. observe: called after each step, e.g. gpt.threads'
+    runtime's compute-dtype context. observe: called after each step, e.g. gpt.runtime.threads'
     Threads.observe (a no-op unless threads=auto, where CPU threads follow the free cores, as
     in training); a notice it returns is logged."""
 

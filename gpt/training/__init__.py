@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gpt import distributed, runtime
 from gpt.config import RunConfig
 from gpt.errors import RunRefused, TinyGPTError, out_of_memory
-from gpt.preemption import StopRequest
-from gpt.runlock import RunLock
+from gpt.runtime import devices, distributed
+from gpt.runtime.preemption import StopRequest
+from gpt.runtime.runlock import RunLock
 from gpt.tracking import logger, record_failure
 from gpt.training.loop import EvalHook, StepHook, Trainer
 from gpt.training.setup import Run, build_run
@@ -30,7 +30,7 @@ def train(
     summary (status, best and final val loss, steps, speed: what summary.json holds). Raises
     `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. Always releases the
     process group and, between the jobs of a multirun, the memory. `resume_point`: where the run
-    continues from, when the caller found it already (gpt.loading.resume_point)."""
+    continues from, when the caller found it already (gpt.checkpoints.loading.resume_point)."""
     started = time.time()
     lock, stop = None, None
     try:
@@ -42,7 +42,7 @@ def train(
                 raise RunRefused(str(e)) from None
         # A signal during set-up ends as cleanly as one in the loop; under torchrun it is only
         # flagged (a rank that left alone would strand the others), and every rank stops at the
-        # loop's first check (gpt.preemption).
+        # loop's first check (gpt.runtime.preemption).
         dist = distributed.from_env()
         stop = StopRequest(log=logger.warning if dist.is_main else (lambda *a: None), deferred=dist.enabled)
         stop.__enter__()
@@ -62,4 +62,4 @@ def train(
         if lock is not None:
             lock.release()
         distributed.shutdown()
-        runtime.free_memory()
+        devices.free_memory()

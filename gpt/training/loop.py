@@ -15,15 +15,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gpt import architectures, checkpoint, distributed, runtime
-from gpt.chat.data import first_turn
+from gpt.checkpoints import checkpoint
 from gpt.config import SamplingSettings
+from gpt.data.chat import first_turn
 from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError, one_line, out_of_memory
+from gpt.evals.tasks import evaluate_task, metric_names
 from gpt.generation import generate
-from gpt.preemption import Preempted, StopRequest
-from gpt.scaling import compute
-from gpt.tasks import evaluate_task, metric_names
+from gpt.model import compute, registry
+from gpt.runtime import devices, distributed
+from gpt.runtime.preemption import Preempted, StopRequest
 from gpt.tracking import RunRecords, console_redirected, logger
 from gpt.training import saving
 from gpt.training import step as steps
@@ -42,7 +43,7 @@ class Trainer:
         self.t_start = started or time.time()
         self.elapsed_before = run.progress.elapsed_s  # a resumed run's time so far
         self.saved_step = run.progress.step if run.progress.step > 0 else None  # a resumed run's is on disk
-        self.peak_flops = runtime.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
+        self.peak_flops = devices.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
         self.lr, self.tokens_per_s = 0.0, 0.0
         self.last_eval: dict[str, float] = dict(run.progress.last_eval)  # a resumed run's, until its next eval
         self.evals_done = 0
@@ -189,7 +190,7 @@ class Trainer:
                 flops=r.progress.step * r.tokens_per_step * r.model.flops_per_token(),  # training FLOPs so far
                 flops_budget=self.ts.flops_budget,
                 overrides=self.overrides,
-                model=architectures.summary(r.model_config),
+                model=registry.summary(r.model_config),
                 chat=r.data.chat is not None,  # trained on conversations (gpt.chat): `tinygpt chat` talks to it
             )
             tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]

@@ -1,5 +1,5 @@
 """A run's checkpoints: what one holds (filled here and nowhere else, in the format
-gpt.checkpoint defines), and when a state is fit to be saved at all."""
+gpt.checkpoints.checkpoint defines), and when a state is fit to be saved at all."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
-from gpt import architectures, checkpoint, distributed, runtime
-from gpt.checkpoint import Checkpoint, TrainingState
+from gpt.checkpoints import checkpoint
+from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
-from gpt.lora import merged_state_dict
+from gpt.model import registry
+from gpt.model.lora import merged_state_dict
+from gpt.runtime import devices, distributed
 from gpt.training.setup import Run
 
 
@@ -29,7 +31,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
             rng=rng,
             bad_steps=p.bad_total,
             bad_in_a_row=p.bad_in_a_row,
-            # a CPU run's count (a resume takes it: gpt.threads); a GPU run's host threads decide nothing
+            # a CPU run's count (a resume takes it: gpt.runtime.threads); a GPU run's host threads decide nothing
             threads=run.rt.threads.count if run.rt.threads is not None and run.rt.device.type == "cpu" else None,
             elapsed_s=p.elapsed_s,
             best_elapsed_s=p.best_elapsed_s,
@@ -39,7 +41,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
     )
     return Checkpoint(
         model=model.state_dict() if (full or not run.lora) else merged_state_dict(model),
-        model_config=architectures.config_to_dict(run.model_config),
+        model_config=registry.config_to_dict(run.model_config),
         tokenizer=run.data.tokenizer.to_dict(),
         step=p.step,
         best_val_loss=p.best_val,
@@ -70,7 +72,7 @@ def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> P
         run.log(f"notice: step {run.progress.step} not saved (non-finite loss or weights); checkpoints kept as they are")
         return checkpoint.latest(run.out_dir)
     path = run.ckpt_dir / checkpoint.step_file(run.progress.step)
-    rng = distributed.gather(runtime.rng_state(run.rt.device), run.dist)  # every rank's own
+    rng = distributed.gather(devices.rng_state(run.rt.device), run.dist)  # every rank's own
     failed: TinyGPTError | None = None
     if run.dist.is_main:
         try:

@@ -18,20 +18,21 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt import architectures, checkpoint, distributed, loading, runtime
 from gpt.chat.template import ChatTokenizer
-from gpt.checkpoint import Checkpoint
+from gpt.checkpoints import checkpoint, loading
+from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.config import RunConfig, changed_settings
 from gpt.data import Dataset, load_data
 from gpt.data.loader import RandomWindows
 from gpt.data.prepare import SIZES
 from gpt.errors import TinyGPTError
-from gpt.finetune import initial_model, prepare_finetune
-from gpt.optim import CosineSchedule, Optimizer, build_optimizer
-from gpt.scaling import compute
-from gpt.tasks import check_names as check_task_names
-from gpt.tokenizer import require_same
+from gpt.evals.tasks import check_names as check_task_names
+from gpt.model import compute, registry
+from gpt.runtime import devices, distributed
+from gpt.tokenizers import require_same
 from gpt.tracking import ensure_console_logging, logger
+from gpt.training.finetune import initial_model, prepare_finetune
+from gpt.training.optim import CosineSchedule, Optimizer, build_optimizer
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Progress:
 class Run:
     cfg: RunConfig
     dist: distributed.Dist
-    rt: runtime.Runtime
+    rt: devices.Runtime
     out_dir: Path
     data: Dataset
     model: nn.Module  # the plain model: what is saved, sampled from and measured
@@ -66,7 +67,7 @@ class Run:
     batches: RandomWindows | None = None  # this rank's training windows
     step_model: nn.Module | None = None  # compiled and/or DDP-wrapped: the training forward
     eval_model: nn.Module | None = None  # compiled only: evaluation needs no gradient sync
-    tasks: dict[str, list] = field(default_factory=dict)  # train.eval_tasks' items (gpt.tasks.Example), rank 0
+    tasks: dict[str, list] = field(default_factory=dict)  # train.eval_tasks' items (gpt.evals.tasks.Example), rank 0
 
     @property
     def ckpt_dir(self) -> Path:
@@ -74,9 +75,9 @@ class Run:
 
     def batches_for(self, split: str, batch_size: int, seed: int):
         """This rank's batches of a split: random windows of the context over text, whole
-        conversations (gpt.chat.data) over chat data."""
+        conversations (gpt.data.chat) over chat data."""
         if self.data.chat is not None:
-            from gpt.chat.data import ConversationBatches
+            from gpt.data.chat import ConversationBatches
 
             return ConversationBatches(
                 self.data.chat[split],
@@ -116,9 +117,9 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
     log = logger.info if dist.is_main else quiet
     # The model shape now (the vocabulary comes from the data later), so a typo fails before the
     # data is downloaded and prepared.
-    architectures.config_from_settings(cfg.model, vocab_size=1)
+    registry.config_from_settings(cfg.model, vocab_size=1)
     check_task_names(cfg.train.eval_tasks)
-    rt = runtime.setup(
+    rt = devices.setup(
         cfg.device, cfg.dtype, cfg.compile, dist.local_rank if dist.enabled else None, cfg.threads, dist.local_world_size
     )
     distributed.init(dist, rt.device)
@@ -130,7 +131,7 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
     log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
     # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
     # generator, seeded alike on every rank; see RandomWindows.)
-    runtime.seed_everything(cfg.seed + dist.rank)
+    devices.seed_everything(cfg.seed + dist.rank)
 
     resumed = checkpoint.load(source) if source else None
     # The weights a new finetune starts from, loaded once: conversations are tokenized with their
@@ -161,7 +162,7 @@ def build_run(cfg: RunConfig, resume_point: loading.ResumePoint | None = None) -
         run.progress = _restore(resumed, source, run)
     run.step_model, run.eval_model = _wrap(model, rt, dist)
     log(
-        f"model {architectures.summary(model_config)}: {model.num_params():,} parameters; micro-batch {cfg.train.batch_size} x "
+        f"model {registry.summary(model_config)}: {model.num_params():,} parameters; micro-batch {cfg.train.batch_size} x "
         f"accum {cfg.train.grad_accum_steps} x {dist.world_size} process(es) = global batch of "
         + (
             f"{run.tokens_per_step // model_config.block_size:,} conversations/step (each padded to the longest of its length group)"
@@ -252,7 +253,7 @@ def _eval_tasks(cfg: RunConfig, data: Dataset, log) -> dict[str, list]:
     """The items of train.eval_tasks, read and encoded once before training: a task that cannot
     be had (offline, no local copy) or read with this tokenizer fails now, not at the first eval."""
     from gpt.config import TaskSettings
-    from gpt.tasks import examples, requests
+    from gpt.evals.tasks import examples, requests
 
     out = {}
     for name in cfg.train.eval_tasks:
@@ -270,8 +271,8 @@ def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=
         config = model.config
     else:
         config = _model_config(cfg, data, resumed, log)
-        model = architectures.build(config)
-    if data.chat is None:  # conversations are drawn whole: gpt.chat.data says which fit
+        model = registry.build(config)
+    if data.chat is None:  # conversations are drawn whole: gpt.data.chat says which fit
         check_data_fits(data, config.block_size)
     return model, config
 
@@ -298,7 +299,7 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {vocab} tokens; "
             f"set model.vocab_size=null to take it from the data"
         )
-    config = architectures.config_from_settings(cfg.model, vocab_size=vocab)
+    config = registry.config_from_settings(cfg.model, vocab_size=vocab)
     if resumed is None:
         return config
     require_same(
@@ -307,8 +308,8 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
         "the checkpoint's tokenizer differs from this data's",
         f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})",
     )
-    saved = architectures.config_from_dict(resumed.model_config)
-    old, new = architectures.config_to_dict(saved), architectures.config_to_dict(config)
+    saved = registry.config_from_dict(resumed.model_config)
+    old, new = registry.config_to_dict(saved), registry.config_to_dict(config)
     diff = [
         f"model.{k}={new.get(k)!r} (checkpoint: {old.get(k)!r})" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
     ]
@@ -361,7 +362,7 @@ def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
             f"notice: the checkpoint was written by {len(state.rng)} process(es), this run has {run.dist.world_size}; "
             f"random streams restart (results stay valid, not bitwise identical)"
         )
-    runtime.set_rng_state(state.rng[run.dist.rank % len(state.rng)])
+    devices.set_rng_state(state.rng[run.dist.rank % len(state.rng)])
     changed = changed_settings(ckpt.config, asdict(run.cfg))
     run.log(
         f"resuming from {path} at step {ckpt.step} (best val loss {ckpt.best_val_loss:.4f})"
@@ -378,7 +379,7 @@ def _restore(ckpt: Checkpoint, path: Path, run: Run) -> Progress:
     )
 
 
-def _wrap(model: nn.Module, rt: runtime.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:
+def _wrap(model: nn.Module, rt: devices.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:
     """(the training forward, the evaluation forward): compiled when asked, DDP under torchrun."""
     compiled = torch.compile(model) if rt.compile else model
     if not dist.enabled:

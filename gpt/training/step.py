@@ -9,8 +9,9 @@ import math
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt import checkpoint, distributed
+from gpt.checkpoints import checkpoint
 from gpt.errors import TinyGPTError
+from gpt.runtime import distributed
 from gpt.tracking import logger
 from gpt.training.setup import Run
 

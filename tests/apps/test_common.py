@@ -190,7 +190,7 @@ def test_bad_inputs_get_one_line_and_touch_nothing(case, trained_run, data_root,
     byte-identical afterwards."""
     import torch
 
-    from gpt import checkpoint
+    from gpt.checkpoints import checkpoint
 
     cwd, run_dir, _ = trained_run
     root, data_overrides = data_root

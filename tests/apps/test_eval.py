@@ -85,7 +85,7 @@ def test_eval_scores_a_zero_shot_task_on_a_char_model(tmp_path, trained_run, dat
 def test_eval_reads_data_settings_recorded_by_another_version(tmp_path, trained_run, data_root):
     """A checkpoint whose recorded data settings hold a key this tinygpt does not know (written
     by another version) is evaluated on its data all the same, with a notice naming the key."""
-    from gpt import checkpoint
+    from gpt.checkpoints import checkpoint
 
     _, run_dir, _ = trained_run
     root, _ = data_root

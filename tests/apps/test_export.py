@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt import loading
+from gpt.checkpoints import loading
 from helpers import assert_one_line_error, run_script
 
 transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
@@ -49,7 +49,7 @@ def test_a_llama_folder_through_the_commands(tmp_path, data_root):
 
     from safetensors.torch import load_file
 
-    from gpt.hf_tokenizer import train_bpe
+    from gpt.tokenizers.hf import train_bpe
 
     root, _ = data_root
     text = (root / "tinyshakespeare" / "input.txt").read_text()[:200_000]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 from helpers import assert_one_line_error, corrupted_variants, run_script
 
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from gpt import loading
+from gpt.checkpoints import loading
 from helpers import REPO, assert_one_line_error, export_hf, run_script
 
 

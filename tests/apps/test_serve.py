@@ -368,16 +368,17 @@ def test_several_models_each_picked_by_its_id(trained_run, data_root):
 
 
 def test_a_recurrent_model_is_refused_in_one_line(tmp_path, data_root):
-    from gpt import architectures, checkpoint
     from gpt.apps.common import compose
-    from gpt.checkpoint import Checkpoint
-    from gpt.tokenizer import CharTokenizer
+    from gpt.checkpoints import checkpoint
+    from gpt.checkpoints.checkpoint import Checkpoint
+    from gpt.model import registry
+    from gpt.tokenizers import CharTokenizer
 
-    config = architectures.config_from_settings(compose("config", ["model=lstm"]).model, vocab_size=8)
+    config = registry.config_from_settings(compose("config", ["model=lstm"]).model, vocab_size=8)
     path = tmp_path / "lstm.pt"
-    model = architectures.build(config)
+    model = registry.build(config)
     checkpoint.save(
-        path, Checkpoint(model.state_dict(), architectures.config_to_dict(config), CharTokenizer(list("abcdefgh")).to_dict())
+        path, Checkpoint(model.state_dict(), registry.config_to_dict(config), CharTokenizer(list("abcdefgh")).to_dict())
     )
     refused = run_script("serve.py", [f"ckpt={path}", f"port={free_port()}"], tmp_path, data_root[0])
     assert_one_line_error(refused, "recurrent model", "tinygpt sample")

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gpt import loading
+from gpt.checkpoints import loading
 from helpers import assert_one_line_error, run_script
 
 TEXT = "Grüße aus Köln! 日本語 😀  tabs\tand runs   of spaces.\nÄpfel und Öl, ß."

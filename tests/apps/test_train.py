@@ -13,7 +13,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 from helpers import REPO, SHARED_TEXT, assert_one_line_error, run_script, sigterm_after_step_5
 
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
@@ -153,7 +153,7 @@ def test_after_a_stop_the_hint_resumes_only_what_was_saved(tmp_path):
 def test_a_resume_examines_its_checkpoint_once(tmp_path, data_root):
     """`train.py hydra.run.dir=R` into a run: the command line finds where it resumes from before
     Hydra writes anything and the run's set-up takes that as found. Counted through a
-    sitecustomize hook: each checkpoint is examined (gpt.loading.resumable) once, and read twice
+    sitecustomize hook: each checkpoint is examined (gpt.checkpoints.loading.resumable) once, and read twice
     (mapped to be examined, then loaded to resume); it was examined twice and read three times."""
     from helpers import hooked_pythonpath
 

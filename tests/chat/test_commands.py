@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from gpt import checkpoint
 from gpt.chat.synthetic import suite
+from gpt.checkpoints import checkpoint
 from helpers import TEXT, assert_one_line_error, run_script
 
 QUESTIONS = ["What is 12 + 30?", "Who are you?", "Reverse the word 'stone'."]

@@ -1,4 +1,4 @@
-"""Conversation data (gpt/chat/data.py): records in both shapes prepared once with the loss
+"""Conversation data (gpt/data/chat.py): records in both shapes prepared once with the loss
 mask, split by conversation, refused one line at a time without touching what was prepared;
 batches whose loss is the hand-computed loss over the assistant's tokens only.
 Run: python -m pytest tests/chat/test_data.py"""
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.chat.data import IGNORE, ChatSplit, ConversationBatches, conversation_of
 from gpt.chat.template import ChatTokenizer
+from gpt.data.chat import IGNORE, ChatSplit, ConversationBatches, conversation_of
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
-from gpt.tokenizer import ByteTokenizer
+from gpt.tokenizers import ByteTokenizer
 from helpers import data_settings, load
 
 
@@ -226,7 +226,7 @@ def test_a_damaged_file_is_prepared_again_and_an_intact_one_is_not_reread(tmp_pa
     path = write_jsonl(tmp_path / "chats.jsonl", chats())
     root = tmp_path / "root"
     load(settings(path), root)
-    import gpt.chat.data as chat_data
+    import gpt.data.chat as chat_data
 
     reads = []
     real = chat_data._crc32

@@ -14,9 +14,9 @@ from gpt import interop
 from gpt.chat.template import ChatTokenizer
 from gpt.config import SamplingSettings
 from gpt.generation import generate
-from gpt.hf_tokenizer import train_bpe
 from gpt.model import GPT, GPTConfig
-from gpt.tokenizer import TiktokenTokenizer
+from gpt.tokenizers import TiktokenTokenizer
+from gpt.tokenizers.hf import train_bpe
 from helpers import random_conversation, template_ids
 
 transformers = pytest.importorskip("transformers")

@@ -11,9 +11,9 @@ import random
 import pytest
 
 from gpt.chat.hf_template import HFChatTokenizer, template_of
-from gpt.hf_tokenizer import HFTokenizer
 from gpt.interop.hf import tokenizer_for
-from gpt.tokenizer import tokenizer_from_dict
+from gpt.tokenizers import tokenizer_from_dict
+from gpt.tokenizers.hf import HFTokenizer
 from helpers import data_settings, load, random_conversation, template_ids
 
 transformers = pytest.importorskip("transformers")

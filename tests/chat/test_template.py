@@ -8,8 +8,8 @@ import pytest
 
 from gpt.chat.template import SPECIAL_TOKENS, ChatTokenizer, check_messages, jinja_template
 from gpt.errors import TinyGPTError
-from gpt.hf_tokenizer import HFTokenizer, train_bpe
-from gpt.tokenizer import ByteTokenizer, CharTokenizer, TiktokenTokenizer, tokenizer_from_dict, tokenizer_identity
+from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, tokenizer_from_dict, tokenizer_identity
+from gpt.tokenizers.hf import HFTokenizer, train_bpe
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

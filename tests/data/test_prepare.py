@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt import io
 from gpt.data import prepare
 from gpt.data.prepare import read_meta
 from gpt.errors import TinyGPTError
+from gpt.runtime import io
 from helpers import REPO, TEXT, data_settings, load, write_corpus, write_ranks
 
 SHA = hashlib.sha256(TEXT.encode()).hexdigest()

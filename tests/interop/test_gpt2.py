@@ -16,7 +16,7 @@ from gpt import interop  # noqa: E402
 from gpt.errors import TinyGPTError  # noqa: E402
 from gpt.interop import gpt2  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
-from gpt.tokenizer import CharTokenizer, TiktokenTokenizer  # noqa: E402
+from gpt.tokenizers import CharTokenizer, TiktokenTokenizer  # noqa: E402
 
 
 def export_hf(model, tokenizer, out):
@@ -125,12 +125,12 @@ def test_gpt2_tokenizer_files_match_tiktoken(tmp_path, gpt2_ranks):
     ],
 )
 def test_export_refusals_name_their_cause(tmp_path, config, cause):
-    from gpt import architectures
+    from gpt.model import registry
 
     settings = {"arch": "gpt", "vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 8, **config}
     if settings["arch"] != "gpt":
         settings = {"arch": config["arch"], "vocab_size": 16, "block_size": 8, "n_layer": 1, "n_embd": 8, "n_hidden": 8}
-    model = architectures.build(architectures.config_from_dict(settings))
+    model = registry.build(registry.config_from_dict(settings))
     with pytest.raises(TinyGPTError, match=re.escape(cause)):
         export_hf(model, CharTokenizer(list("abcdefghijklmnop")), tmp_path)
     assert not any(tmp_path.iterdir())  # refused before writing
@@ -285,7 +285,7 @@ def test_a_damaged_or_hostile_weights_file_is_one_line(tmp_path, monkeypatch):
     weights_only=False, and nothing runs."""
     import pickle
 
-    from gpt import loading
+    from gpt.checkpoints import loading
     from helpers import corrupted_variants
 
     monkeypatch.chdir(tmp_path)

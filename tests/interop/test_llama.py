@@ -15,7 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
-from gpt import interop, loading  # noqa: E402
+from gpt import interop  # noqa: E402
+from gpt.checkpoints import loading  # noqa: E402
 from gpt.config import SamplingSettings  # noqa: E402
 from gpt.errors import TinyGPTError  # noqa: E402
 from gpt.generation import Decoder  # noqa: E402
@@ -134,7 +135,7 @@ def test_greedy_generation_equals_transformers_generate(tmp_path, family):
 def test_import_then_export_is_bitwise_and_loads_in_transformers(tmp_path, family):
     hf, folder = _saved(tmp_path, FAMILIES[family]())
     ours, _ = interop.load(str(folder))
-    from gpt.tokenizer import ByteTokenizer
+    from gpt.tokenizers import ByteTokenizer
 
     out, cls = interop.export(ours, ByteTokenizer(), tmp_path / "out")
     assert cls == llama.ARCHITECTURES[family.split("_")[0]]
@@ -156,7 +157,7 @@ def test_import_then_export_is_bitwise_and_loads_in_transformers(tmp_path, famil
 def test_a_model_trained_with_the_llama_block_exports_to_llama(tmp_path):
     """A tinygpt model of Llama's block (not imported): AutoModelForCausalLM computes its logits."""
     from gpt.model import GPT, GPTConfig
-    from gpt.tokenizer import CharTokenizer
+    from gpt.tokenizers import CharTokenizer
 
     torch.manual_seed(0)
     shape = dict(vocab_size=20, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, mlp_hidden=40)
@@ -181,7 +182,7 @@ def test_every_config_field_is_read_refused_or_without_effect():
 
 def test_a_tokenizer_json_beside_the_model_is_its_tokenizer(tmp_path):
     """A Hub folder's tokenizer.json becomes an `hf` tokenizer; sample and eval can then use it."""
-    from gpt.hf_tokenizer import train_bpe
+    from gpt.tokenizers.hf import train_bpe
 
     bpe = train_bpe(["hello world, the world says hello " * 20], 300)
     hf, folder = _saved(tmp_path, LlamaConfig(**{**SMALL, "vocab_size": 320}))
@@ -322,7 +323,7 @@ def test_a_folder_with_a_missing_shard_is_one_line(tmp_path):
 
 def test_what_no_format_computes_is_refused_at_export(tmp_path):
     from gpt.model import GPT, GPTConfig
-    from gpt.tokenizer import ByteTokenizer
+    from gpt.tokenizers import ByteTokenizer
 
     for options, named in (
         (dict(norm="rmsnorm", mlp="relu2", pos_encoding="rope"), "Llama's block has mlp=swiglu"),

@@ -1,4 +1,4 @@
-"""gpt/scaling/compute.py and the model's FLOPs formula: FLOPs per token against a count by hand
+"""gpt/model/compute.py and the model's FLOPs formula: FLOPs per token against a count by hand
 for two shapes and against torch.utils.flop_counter, the horizon a budget or a tokens-per-
 parameter ratio gives (steps counted by hand), and the size knob model.depth.
 Run: pytest tests/scaling/test_compute.py"""
@@ -12,11 +12,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpt import architectures
 from gpt.config import GPTSettings, TrainSettings
 from gpt.errors import TinyGPTError
-from gpt.model import GPT, GPTConfig
-from gpt.scaling import compute
+from gpt.model import GPT, GPTConfig, compute, registry
 from gpt.training import train
 from helpers import compose
 
@@ -140,7 +138,7 @@ def test_bad_horizons_are_refused():
 
 def test_depth_scales_layers_heads_and_width_together():
     def shape(**kw):
-        c = architectures.config_from_settings(GPTSettings(**kw), vocab_size=V)
+        c = registry.config_from_settings(GPTSettings(**kw), vocab_size=V)
         return c.n_layer, c.n_head, c.n_embd, c.dim_per_head
 
     assert shape(depth=12) == (12, 12, 768, 64)  # GPT-2 small

@@ -23,7 +23,7 @@ from gpt.config import ServeConfig  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.serve.app import ServedModel, create_app  # noqa: E402
 from gpt.serve.engine import Engine  # noqa: E402
-from gpt.tokenizer import CharTokenizer  # noqa: E402
+from gpt.tokenizers import CharTokenizer  # noqa: E402
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

@@ -16,7 +16,7 @@ from gpt.config import SamplingSettings  # noqa: E402
 from gpt.generation import generate  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.serve.engine import Engine, Job  # noqa: E402
-from gpt.tokenizer import CharTokenizer  # noqa: E402
+from gpt.tokenizers import CharTokenizer  # noqa: E402
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

@@ -16,9 +16,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 from gpt.errors import TinyGPTError
-from gpt.preemption import Preempted
+from gpt.runtime.preemption import Preempted
 from gpt.training import Trainer, build_run, train
 from gpt.training import step as steps
 from helpers import ENGINE_RUN, compose, poison_forward, train_recording_losses
@@ -194,7 +194,7 @@ def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_p
     import os
 
     import gpt.training as training
-    from gpt.preemption import Preempted
+    from gpt.runtime.preemption import Preempted
 
     root, data_overrides = data_root
     overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
@@ -229,7 +229,7 @@ def test_eval_tasks_are_scored_at_every_eval_and_recorded(tmp_path, data_root, m
     """train.eval_tasks: the task's figures at each eval in TensorBoard (also as HParams
     metrics), metrics.jsonl and summary.json, equal to scoring the final model afresh; the model
     trains on in training mode afterwards."""
-    from gpt.tasks import TaskSettings, evaluate_task, examples
+    from gpt.evals.tasks import TaskSettings, evaluate_task, examples
 
     root, data_overrides = data_root
     monkeypatch.setenv("TINYGPT_DATA_DIR", str(tmp_path / "root"))  # a data root of its own: the task copy goes there
@@ -298,7 +298,7 @@ def test_a_stop_right_after_an_eval_saves_once(tmp_path, data_root, monkeypatch)
     """SIGTERM in the step before an eval: the eval saves that step, and the stop does not save
     it a second time (a preemption's grace period is short); nor does a stop before the first
     step of a resumed run rewrite the checkpoint it resumed from."""
-    from gpt.preemption import StopRequest
+    from gpt.runtime.preemption import StopRequest
     from gpt.training import saving
 
     root, data_overrides = data_root

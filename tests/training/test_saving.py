@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from gpt import checkpoint
+from gpt.checkpoints import checkpoint
 from gpt.errors import TinyGPTError
 from gpt.training import train
 from helpers import ENGINE_RUN, compose, poison_forward
@@ -56,7 +56,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint
     import errno
     import os
 
-    from gpt import loading
+    from gpt.checkpoints import loading
 
     root, data_overrides = data_root
     real = torch.save

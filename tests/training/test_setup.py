@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpt import loading
+from gpt.checkpoints import loading
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import generate
@@ -109,7 +109,7 @@ def test_eval_batches_are_capped_at_the_training_steps(tmp_path, data_root, capl
 def test_a_run_from_before_min_lr_ratio_keeps_its_floor(tmp_path, data_root, caplog):
     """Checkpoints written before optim.min_lr_ratio existed record an absolute min_lr; resuming
     one without a floor on the command line keeps it (not lr * the ratio's default)."""
-    from gpt import checkpoint
+    from gpt.checkpoints import checkpoint
 
     base = [*_four_steps(data_root), "optim.lr=1e-3"]
     train(compose(base, tmp_path))
@@ -129,7 +129,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
     """A checkpoint cut short (a full disk, a copy that stopped) is not where a run continues from:
     the newest one that loads is, the damaged one kept beside it as <name>.damaged, and the log
     says so. When none loads, the run is refused and every file stays."""
-    from gpt import checkpoint
+    from gpt.checkpoints import checkpoint
 
     base = _four_steps(data_root)
     train(compose(base, tmp_path))

@@ -10,9 +10,10 @@ import logging
 import pytest
 import torch
 
-from gpt import checkpoint, runtime
+from gpt.checkpoints import checkpoint
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
+from gpt.runtime import devices
 from gpt.training import train, train_step
 from helpers import ENGINE_RUN, compose, poison_forward
 
@@ -29,7 +30,7 @@ class FixedBatches:
 
 @pytest.mark.parametrize("clip", [0.0, 0.05])
 def test_accumulating_half_batches_equals_one_full_batch(clip):
-    rt = runtime.setup("cpu", "float32", False)
+    rt = devices.setup("cpu", "float32", False)
     torch.manual_seed(0)
     a = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16))
     b = copy.deepcopy(a)

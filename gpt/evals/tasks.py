@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpt.config import SourceSettings, TaskSettings
 from gpt.errors import TinyGPTError
-from gpt.scoring import score
+from gpt.evals.scoring import score
 
 DELIMITER = " "  # between context and choice, as in the harness (whose acc_norm divides by the choice alone)
 
@@ -62,7 +62,7 @@ def _arc(record: dict) -> Example:
 
 
 def _chat(record: dict):
-    from gpt.chat.scoring import parse
+    from gpt.evals.chat import parse
 
     return parse(record)
 
@@ -80,7 +80,7 @@ class Task:
     cloze: bool  # one continuation, scored by greedy match and perplexity
     source: dict  # where its items come from by default (gpt.config.SourceSettings fields)
     official: str  # the file name of the official copy, for the offline hint
-    generate: bool = False  # scored by generating replies (gpt.chat.scoring), not by likelihoods
+    generate: bool = False  # scored by generating replies (gpt.evals.chat), not by likelihoods
 
 
 TASKS = {
@@ -214,7 +214,7 @@ def evaluate_task(model, tokenizer, name: str, items: list[Example], device, bat
     matched exactly for a chat task) over the items."""
     task = task_of(name)
     if task.generate:
-        from gpt.chat.scoring import evaluate_chat
+        from gpt.evals.chat import evaluate_chat
 
         return evaluate_chat(model, tokenizer, items, device, batch_size, name)
     pairs, owners = requests(tokenizer, name, items)

@@ -4,7 +4,7 @@ the model type `tinygpt` with lm_eval; `tinygpt harness ...` (gpt/apps/harness.p
 runs lm_eval's command line.
 
 The three kinds of request lm_eval makes, and what answers them:
-- loglikelihood(context, continuation): gpt.scoring, batched; context that does not fit the
+- loglikelihood(context, continuation): gpt.evals.scoring, batched; context that does not fit the
   model's window is cut from the left (the harness's rule), a longer continuation is scored a
   window at a time.
 - loglikelihood_rolling(document): the document's total log-likelihood, every token scored once,
@@ -23,11 +23,12 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from gpt import loading, runtime
+from gpt.checkpoints import loading
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
+from gpt.evals.scoring import score
 from gpt.generation import encode_prompt, generate
-from gpt.scoring import score
+from gpt.runtime import devices
 
 try:
     import lm_eval.models  # noqa: F401  (lm_eval lists its own models only while its registry is empty)
@@ -54,7 +55,7 @@ class TinyGPTLM(LM):
         threads: int | None = None,
     ):
         super().__init__()
-        rt = runtime.setup(str(device), "float32", False, threads=threads)
+        rt = devices.setup(str(device), "float32", False, threads=threads)
         loaded = loading.load(source(pretrained), dropout=0.0)
         print(f"tinygpt: {loaded.source}; {rt.describe()}", file=sys.stderr)
         self.model = loaded.model.to(rt.device)
@@ -83,7 +84,7 @@ class TinyGPTLM(LM):
 
     def loglikelihood_rolling(self, requests) -> list[float]:
         documents = [self._start() + self.tokenizer.encode(r.args[0]) for r in requests]
-        # Scored as the continuation of its first token: gpt.scoring takes block_size targets at a
+        # Scored as the continuation of its first token: gpt.evals.scoring takes block_size targets at a
         # time, each with the longest context its window allows (the harness's rolling windows).
         scored = [n for n, tokens in enumerate(documents) if len(tokens) > 1]
         pairs = [(documents[n][:1], documents[n][1:]) for n in scored]

@@ -73,7 +73,7 @@ def expected_type(cls, name: str) -> str | None:
 
 
 def check_threads(value: Any) -> int | str | None:
-    """`threads=`: a positive count, null (the rule of gpt.threads) or auto (follow the load). An
+    """`threads=`: a positive count, null (the rule of gpt.runtime.threads) or auto (follow the load). An
     `Any` field: Hydra's structured configs have no int-or-string type."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
@@ -93,7 +93,7 @@ def _at_least(obj, section: str, minimum: int, names: tuple[str, ...], hint: str
 
 
 # --- model: one schema per family; the shape defaults are those of gpt.model.GPTConfig /
-# gpt.rnn.RNNConfig (a test keeps them equal), converted once by gpt.architectures ------------
+# gpt.model.rnn.RNNConfig (a test keeps them equal), converted once by gpt.model.registry ------------
 
 
 @dataclass
@@ -122,7 +122,7 @@ class GPTSettings:
     logit_softcap: float | None = None  # logits -> c * tanh(logits / c); null: off
     head_dim: int | None = None  # null: n_embd / n_head
     qkv_bias: bool | None = None  # biases on q, k, v; null: as `bias`
-    # The size knob of scaling studies (gpt.architectures.depth_shape): depth sets n_layer = n_head =
+    # The size knob of scaling studies (gpt.model.registry.depth_shape): depth sets n_layer = n_head =
     # depth and n_embd = depth * aspect_ratio (heads aspect_ratio wide; depth=12 is GPT-2 small's
     # shape); null: n_layer, n_head and n_embd as given
     depth: int | None = None
@@ -139,7 +139,7 @@ class RNNSettings:
     n_embd: int = 128
     n_hidden: int = 256
     dropout: float = 0.0
-    impl: str = "fused"  # fused (torch kernels) | explicit (the step equations of gpt/rnn.py)
+    impl: str = "fused"  # fused (torch kernels) | explicit (the step equations of gpt/model/rnn.py)
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -240,11 +240,11 @@ class TrainSettings:
     eval_sample_tokens: int = 100  # a short sample at every eval, in TensorBoard's Text tab (0: none)
     histogram_every: int = 0  # weight/gradient histograms every N evals (0: never)
     attention_every: int = 0  # attention-map images every N evals (0: never; GPT only)
-    # zero-shot tasks scored at every eval, e.g. [hellaswag]; names checked by gpt.tasks (settings import no behaviour)
+    # zero-shot tasks scored at every eval, e.g. [hellaswag]; names checked by gpt.evals.tasks (settings import no behaviour)
     eval_tasks: list[str] = field(default_factory=list)
     eval_task_limit: int = 200  # items of each task scored at an eval (the first ones)
     # A horizon given as compute instead of steps (either sets max_iters from the model's size,
-    # gpt.scaling.compute): training FLOPs to spend (6N + attention per token), or tokens per parameter
+    # gpt.model.compute): training FLOPs to spend (6N + attention per token), or tokens per parameter
     flops_budget: float | None = None
     tokens_per_param: float | None = None
 
@@ -541,7 +541,7 @@ class ServeConfig(ModelChoice):
 
 @dataclass
 class TaskSettings:
-    """A zero-shot task (`tinygpt eval task=<name>`; the tasks and their default sources: gpt/tasks.py)."""
+    """A zero-shot task (`tinygpt eval task=<name>`; the tasks and their default sources: gpt/evals/tasks.py)."""
 
     name: str = MISSING  # hellaswag | lambada | arc_easy | arc_challenge | chat (replies to held-out conversations)
     path: str | None = None  # its items: a .jsonl/.parquet file, folder or glob, or a save_to_disk folder;

@@ -14,9 +14,9 @@ import json
 import math
 from pathlib import Path
 
-from gpt import io
 from gpt.errors import TinyGPTError
-from gpt.io import atomic_write
+from gpt.runtime import io
+from gpt.runtime.io import atomic_write
 from gpt.tracking import status_of
 
 COLUMNS = [

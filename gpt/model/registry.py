@@ -9,8 +9,8 @@ import torch.nn as nn
 
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
-from gpt.rnn import ARCHS as RECURRENT
-from gpt.rnn import RecurrentLM, RNNConfig
+from gpt.model.rnn import ARCHS as RECURRENT
+from gpt.model.rnn import RecurrentLM, RNNConfig
 
 ARCHS = ("gpt", *RECURRENT)
 

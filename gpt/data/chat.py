@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt import io
 from gpt.chat.template import NAME as TEMPLATE
 from gpt.chat.template import check_messages, with_template
 from gpt.data.prepare import _crc32, _read_stamps, _stamp, fingerprint, token_dtype, write_stamps
 from gpt.errors import TinyGPTError
-from gpt.hf_tokenizer import train_bpe
-from gpt.tokenizer import CharTokenizer, tokenizer_from_dict, tokenizer_identity, without_template
+from gpt.runtime import io
+from gpt.tokenizers import CharTokenizer, tokenizer_from_dict, tokenizer_identity, without_template
+from gpt.tokenizers.hf import train_bpe
 
 SPLITS = ("train", "val")
 FILES = ("tokens", "mask", "offsets")

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gpt.errors import TinyGPTError
-from gpt.threads import Threads
+from gpt.runtime.threads import Threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -21,7 +21,7 @@ class Runtime:
     dtype: torch.dtype  # compute dtype of the forward/backward pass (weights stay fp32)
     compile: bool
     reasons: list[str] = field(default_factory=list)
-    threads: Threads | None = None  # CPU threads: chosen once (gpt.threads), or following the load with threads=auto
+    threads: Threads | None = None  # CPU threads: chosen once (gpt.runtime.threads), or following the load with threads=auto
 
     @property
     def use_grad_scaler(self) -> bool:

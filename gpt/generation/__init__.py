@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, KVCache
-from gpt.rnn import RNNState
+from gpt.model.rnn import RNNState
 
 logger = logging.getLogger("tinygpt")
 

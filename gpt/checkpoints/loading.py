@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from gpt import architectures, checkpoint
-from gpt.checkpoint import Checkpoint
+from gpt.checkpoints import checkpoint
+from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.config import PathsSettings
 from gpt.errors import TinyGPTError
-from gpt.tokenizer import Tokenizer, tokenizer_from_dict
+from gpt.model import registry
+from gpt.tokenizers import Tokenizer, tokenizer_from_dict
 
 
 @dataclass
@@ -177,7 +178,7 @@ class ResumePoint:
 
 def resume_point(resume, run_dir: Path | None) -> ResumePoint:
     """The checkpoint a training run into `run_dir` starts from per `resume` (auto | false | a
-    checkpoint or run directory: gpt.checkpoint.resume_source), each candidate examined once by
+    checkpoint or run directory: gpt.checkpoints.checkpoint.resume_source), each candidate examined once by
     `resumable`; a TinyGPTError that says what is wrong otherwise."""
     point, found = ResumePoint(Path(run_dir) if run_dir is not None else None), {}
 
@@ -207,12 +208,12 @@ def resume_point(resume, run_dir: Path | None) -> ResumePoint:
 
 def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:
     """The plain model in a checkpoint; a LoRA finetune's adapters are folded in."""
-    from gpt.lora import apply_lora, merge_lora
+    from gpt.model.lora import apply_lora, merge_lora
 
     config = dict(ckpt.model_config)
     if dropout is not None:
         config["dropout"] = dropout
-    model = architectures.build(architectures.config_from_dict(config))
+    model = registry.build(registry.config_from_dict(config))
     if ckpt.lora:
         apply_lora(model, ckpt.lora["rank"], ckpt.lora["alpha"])
         _load_weights(model, ckpt)

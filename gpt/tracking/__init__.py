@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpt import io
+from gpt.runtime import io
 
 logger = logging.getLogger("tinygpt")
 

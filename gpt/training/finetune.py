@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from gpt import architectures, loading
+from gpt.checkpoints import loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
-from gpt.lora import apply_lora
-from gpt.tokenizer import require_same, without_template
+from gpt.model import registry
+from gpt.model.lora import apply_lora
+from gpt.tokenizers import require_same, without_template
 
 
 def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print, loaded=None):
@@ -34,7 +35,7 @@ def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: fl
         if getattr(model.config, "pos_encoding", None) == "learned":  # keep the first `crop` positions
             model.transformer.wpe.weight = torch.nn.Parameter(model.transformer.wpe.weight[:crop].clone())
         model.config.block_size = crop
-    log(f"initialised from {source}: {architectures.summary(model.config)}")
+    log(f"initialised from {source}: {registry.summary(model.config)}")
     return model
 
 

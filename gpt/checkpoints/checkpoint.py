@@ -11,7 +11,7 @@ Format history (`format` in the file):
      bad_in_a_row, lora) at the top level.
   2  `format` and `tinygpt_version` keys; the training state under `training`.
   3  the training state records the CPU thread count it was trained with (a resume keeps it:
-     gpt.threads) and the run's elapsed wall time (`elapsed_s`, and `best_elapsed_s` at its best
+     gpt.runtime.threads) and the run's elapsed wall time (`elapsed_s`, and `best_elapsed_s` at its best
      val loss). From 3 on, training-state keys this tinygpt does not know are ignored, so a
      later optional key needs no new format.
 """
@@ -30,7 +30,7 @@ from typing import TypeVar
 import torch
 
 from gpt.errors import TinyGPTError
-from gpt.io import atomic_write, temporary_owner
+from gpt.runtime.io import atomic_write, temporary_owner
 from gpt.version import __version__
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ rebuilds exactly the tokenizer the model was trained with and needs nothing else
   o200k_base), downloaded by tiktoken on first use; or GPT-2's encoding from a local ranks file
   (`ranks_file`), for offline and air-gapped machines.
 - bpe: a byte-level BPE trained on the corpus when it is prepared; hf: any Hugging Face
-  tokenizer.json (gpt/hf_tokenizer.py).
+  tokenizer.json (gpt/tokenizers/hf.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Protocol
 
 from gpt.chat.template import with_template
 from gpt.errors import TinyGPTError
-from gpt.hf_tokenizer import HFTokenizer, TrainedBPE
+from gpt.tokenizers.hf import HFTokenizer, TrainedBPE
 
 TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
 GPT2_EOT = "<|endoftext|>"

@@ -20,7 +20,7 @@ class ChatItem:
 
 
 def parse(record: dict) -> ChatItem:
-    from gpt.chat.data import conversation_of
+    from gpt.data.chat import conversation_of
 
     messages = conversation_of(record, "the item")
     if not messages or messages[-1].get("role") != "assistant":
