@@ -43,7 +43,7 @@ def digest(tree) -> str:
                 walk(item, f"{path}/{i}")
         elif isinstance(node, torch.Tensor):
             h.update(f"{path}:{node.dtype}:{tuple(node.shape)}".encode())
-            h.update(node.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            h.update(node.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         else:
             h.update(f"{path}={node!r}".encode())
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from gpt.apps.common import compose, config_dir
-from gpt.config import GPTSettings, SamplingSettings
+from gpt.config import GPTConfig, SamplingSettings
 from gpt.generation import Decoder
 from gpt.model import GPT, registry
 
@@ -27,9 +27,9 @@ GPT_SHAPES = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml") if "
 
 def build(shape: str, char_vocab: int = 65) -> GPT:
     settings = compose("config", [f"model={shape}", "model.dropout=0.0"]).model
-    assert isinstance(settings, GPTSettings)
+    assert isinstance(settings, GPTConfig)
     torch.manual_seed(0)
-    return GPT(registry.config_from_settings(settings, vocab_size=char_vocab)).eval()
+    return GPT(registry.with_vocab(settings, char_vocab)).eval()
 
 
 def run_once(model: GPT, new_tokens: int, use_cache: bool) -> tuple[float, float]:

@@ -24,7 +24,9 @@ import torch
 from tqdm import tqdm
 
 from gpt.apps.common import compose
-from gpt.tracking import MetricsFile, RunSummary, TensorBoardTracker, logger
+from gpt.tracking import logger
+from gpt.tracking.records import MetricsFile, RunSummary
+from gpt.tracking.tensorboard import TensorBoardTracker
 from gpt.training import Trainer, build_run
 
 

@@ -38,17 +38,17 @@ def write_checkpoint(shape: str, folder: Path) -> Path:
     import torch
 
     from gpt.apps.common import compose
-    from gpt.checkpoints import checkpoint
+    from gpt.checkpoints import checkpoint, runs
     from gpt.checkpoints.checkpoint import Checkpoint
     from gpt.model import GPT, registry
     from gpt.tokenizers import CharTokenizer
 
     settings = compose("config", [f"model={shape}", "model.dropout=0.0"]).model
-    config = registry.config_from_settings(settings, vocab_size=len(CHARS))
+    config = registry.with_vocab(settings, len(CHARS))
     torch.manual_seed(0)
     model = GPT(config)
     run = folder / f"{shape}-random"
-    path = run / checkpoint.CKPT_DIR / checkpoint.BEST
+    path = run / runs.CKPT_DIR / runs.BEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = CharTokenizer(CHARS).to_dict()
     checkpoint.save(path, Checkpoint(model.state_dict(), registry.config_to_dict(config), tokenizer))

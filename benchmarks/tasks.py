@@ -53,7 +53,7 @@ def main() -> None:
         preset, vocab, context, ending = SHAPES[shape]
         settings = compose("config", [f"model={preset}", "model.dropout=0.0"]).model
         torch.manual_seed(0)
-        model = registry.build(registry.config_from_settings(settings, vocab_size=vocab)).eval()
+        model = registry.build(registry.with_vocab(settings, vocab)).eval()
         params = sum(p.numel() for p in model.parameters())
         for bs in args.batch_sizes:
             rate = items_per_s(model, vocab, context, ending, args.items, bs, args.repeats)

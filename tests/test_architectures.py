@@ -1,48 +1,55 @@
-"""gpt/model/registry.py: the settings of every model family convert to its model's config (the
-schemas and the model configs cannot drift apart), and every architecture trains, resumes and
-samples through the entry points. Run: pytest tests/test_architectures.py"""
+"""gpt/config/model.py and gpt/model/registry.py: one config per model family, the settings and the
+model's own at once; every architecture trains, resumes and samples through the entry points. Run: pytest tests/test_architectures.py"""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
-
 import pytest
 
-from gpt.checkpoints import checkpoint
-from gpt.config import GPTSettings, RNNSettings
+from gpt.checkpoints import checkpoint, runs
+from gpt.config import RNNConfig
 from gpt.errors import TinyGPTError
 from gpt.model import GPTConfig, registry
-from gpt.model.rnn import RNNConfig
 from helpers import run_script
 
 
-@pytest.mark.parametrize("settings, config", [(GPTSettings, GPTConfig), (RNNSettings, RNNConfig)])
-def test_settings_and_model_config_have_the_same_fields_and_defaults(settings, config):
-    """The model section's schema (gpt/config/__init__.py) and the model's own config (gpt/model/config.py,
-    gpt/model/rnn.py) are two classes by design (the model knows nothing of Hydra, and composing a
-    config needs no torch); this keeps them one definition in effect."""
-    # (the label, and the size knob that sets n_layer / n_head / n_embd at the boundary)
-    ours = {f.name: f.default for f in fields(settings) if f.name not in ("name", "depth", "aspect_ratio")}
-    theirs = {f.name: f.default for f in fields(config)}
-    if config is GPTConfig:
-        theirs["arch"] = "gpt"  # implied: GPTConfig is the "gpt" family
-    assert set(ours) == set(theirs)
-    # The settings leave the vocabulary to the tokenizer, and a recurrent preset must name its cell.
-    free = {"vocab_size": None, "arch": "???"} if config is RNNConfig else {"vocab_size": None}
-    assert {k: v for k, v in ours.items() if k not in free} == {k: v for k, v in theirs.items() if k not in free}
-    assert all(ours[k] == v for k, v in free.items())
-    assert all(f.default is not MISSING for f in fields(config))
+def test_the_model_section_is_the_models_own_config():
+    """The model's shape is declared once (gpt/config/model.py): the class Hydra composes the
+    `model` section into is the one the model is built from, its derived values resolved once,
+    under their own names; the vocabulary is the tokenizer's until set."""
+    from gpt.apps.common import compose
+    from gpt.model import GPT
+
+    settings = compose("config", ["model=gpt-micro"]).model
+    assert type(settings) is GPTConfig and settings.vocab_size is None and settings.name == "gpt-micro"
+    assert (settings.n_kv_head, settings.head_dim, settings.mlp_hidden, settings.qkv_bias) == (4, 32, 512, True)
+    assert type(compose("config", ["model=lstm"]).model) is RNNConfig
+    qwen_like = GPTConfig(n_embd=576, n_head=9, n_kv_head=3, mlp="swiglu", bias=False, qkv_bias=True)
+    assert (qwen_like.mlp_hidden, qwen_like.head_dim, qwen_like.n_kv_head, qwen_like.qkv_bias) == (1536, 64, 3, True)
+    assert (GPTConfig(bias=False).qkv_bias, GPTConfig(n_embd=96, n_head=3, head_dim=16).head_dim) == (False, 16)
+    deep = GPTConfig(depth=6, aspect_ratio=32)
+    assert (deep.n_layer, deep.n_head, deep.n_embd, deep.head_dim, deep.mlp_hidden) == (6, 6, 192, 32, 768)
+    # resolved once: a config rebuilt from its own record (a checkpoint's) is itself
+    assert GPTConfig.from_dict(qwen_like.to_dict()) == qwen_like and GPTConfig.from_dict(deep.to_dict()) == deep
+    with pytest.raises(TinyGPTError, match="vocab_size is null"):
+        GPT(GPTConfig())
+    with pytest.raises(TinyGPTError, match="unknown model setting.*model.n_heads"):
+        GPTConfig.from_dict({"n_heads": 4})
 
 
-def test_conversion_takes_the_vocabulary_and_checks_the_shape():
-    config = registry.config_from_settings(GPTSettings(n_layer=2), vocab_size=65)
+def test_the_vocabulary_comes_from_the_tokenizer_and_the_shape_is_checked():
+    config = registry.with_vocab(GPTConfig(n_layer=2), 65)
     assert isinstance(config, GPTConfig) and config.vocab_size == 65 and config.n_layer == 2
-    lstm = registry.config_from_settings(RNNSettings(arch="lstm", n_hidden=32), vocab_size=10)
-    assert isinstance(lstm, RNNConfig) and lstm.n_hidden == 32
+    lstm = registry.with_vocab(RNNConfig(arch="lstm", n_hidden=32), 10)
+    assert isinstance(lstm, RNNConfig) and lstm.n_hidden == 32 and lstm.vocab_size == 10
+    assert registry.with_vocab(GPTConfig(vocab_size=80), 65).vocab_size == 80  # a larger table holds the tokenizer's
+    with pytest.raises(TinyGPTError, match="model.vocab_size=50 is smaller than the tokenizer's 65 tokens"):
+        registry.with_vocab(GPTConfig(vocab_size=50), 65)
     with pytest.raises(TinyGPTError, match="n_embd=30 is not divisible by model.n_head=4"):
-        registry.config_from_settings(GPTSettings(n_embd=30), vocab_size=65)
+        GPTConfig(n_embd=30)
+    with pytest.raises(TinyGPTError, match="model.arch='transformer' is not a GPT"):
+        GPTConfig(arch="transformer")
     with pytest.raises(TinyGPTError, match="model.arch='transformer' is unknown"):
-        registry.config_from_settings(GPTSettings(arch="transformer"), vocab_size=65)
+        registry.config_from_dict({"arch": "transformer"})
 
 
 ARCH_RUNS = {
@@ -75,7 +82,7 @@ def test_architecture_trains_resumes_and_samples(name, tmp_path, data_root):
     again = run_script("train.py", [*common, "train.max_iters=8", "optim.decay_iters=8"], tmp_path, root)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming from" in again.stdout and "at step 4" in again.stdout
-    assert checkpoint.load(checkpoint.latest(run_dir)).step == 8
+    assert checkpoint.load(runs.latest(run_dir)).step == 8
     sample = run_script(
         "sample.py", [f"run_dir={run_dir}", "num_samples=2", "max_new_tokens=40", "prompt=ROMEO:"], tmp_path, root
     )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpt import interop
-from gpt.checkpoints import checkpoint, loading
+from gpt.checkpoints import checkpoint, loading, runs
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.evals.perplexity import evaluate_tokens
@@ -57,7 +57,7 @@ def test_a_block_option_trains_resumes_samples_evaluates_serves_finetunes_and_ex
     rest = _train(overrides, tmp_path / "split")
     assert sorted(first) == list(range(1, 7)) and sorted(rest) == list(range(7, 11))
     assert {**first, **rest} == full  # bitwise: the same floats at every step
-    a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)).model for d in ("full", "split"))
+    a, b = (checkpoint.load(runs.latest(tmp_path / d)).model for d in ("full", "split"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
     loaded = loading.load(str(tmp_path / "full"))

@@ -15,8 +15,9 @@ import time
 import pytest
 import torch
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
+from gpt.checkpoints.resume import AUTO, NEVER, parse_resume, resumable, resume_source
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from helpers import REPO, corrupted_variants
@@ -152,72 +153,72 @@ def test_compiled_prefix_is_stripped(tmp_path):
 
 def test_latest_run_and_resolution(tmp_path):
     with pytest.raises(TinyGPTError, match="no trained run found"):
-        checkpoint.latest_run(tmp_path)
+        runs.latest_run(tmp_path)
     for age, name in enumerate(("runs/b", "sweeps/s/0", "runs/a")):  # runs/b is the newest
-        d = tmp_path / name / checkpoint.CKPT_DIR
+        d = tmp_path / name / runs.CKPT_DIR
         d.mkdir(parents=True)
         for step in (10, 20):
-            (d / checkpoint.step_file(step)).write_bytes(b"x")
+            (d / runs.step_file(step)).write_bytes(b"x")
             stamp = time.time() - 100 * age
-            os.utime(d / checkpoint.step_file(step), (stamp, stamp))
+            os.utime(d / runs.step_file(step), (stamp, stamp))
     (tmp_path / "runs" / "c").mkdir()  # a run that failed before its first checkpoint
-    (tmp_path / "notes" / checkpoint.CKPT_DIR).mkdir(parents=True)  # a stray .pt is no run (serve's models=all)
-    (tmp_path / "notes" / checkpoint.CKPT_DIR / "scratch.pt").write_bytes(b"x")
-    assert checkpoint.runs_under(tmp_path) == {tmp_path / n for n in ("runs/a", "runs/b", "sweeps/s/0")}
-    assert checkpoint.latest_run(tmp_path) == tmp_path / "runs" / "b"
-    assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/ckpt-0000020.pt"
+    (tmp_path / "notes" / runs.CKPT_DIR).mkdir(parents=True)  # a stray .pt is no run (serve's models=all)
+    (tmp_path / "notes" / runs.CKPT_DIR / "scratch.pt").write_bytes(b"x")
+    assert runs.runs_under(tmp_path) == {tmp_path / n for n in ("runs/a", "runs/b", "sweeps/s/0")}
+    assert runs.latest_run(tmp_path) == tmp_path / "runs" / "b"
+    assert runs.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/ckpt-0000020.pt"
     (tmp_path / "runs/b/checkpoints/best.pt").write_bytes(b"x")
-    assert checkpoint.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/best.pt"
-    assert checkpoint.resolve(None, str(tmp_path / "runs" / "a"), tmp_path) == tmp_path / "runs/a/checkpoints/ckpt-0000020.pt"
+    assert runs.resolve(None, None, tmp_path) == tmp_path / "runs/b/checkpoints/best.pt"
+    assert runs.resolve(None, str(tmp_path / "runs" / "a"), tmp_path) == tmp_path / "runs/a/checkpoints/ckpt-0000020.pt"
     with pytest.raises(TinyGPTError, match="holds no checkpoint"):
-        checkpoint.resolve(None, str(tmp_path / "runs" / "c"), tmp_path)
+        runs.resolve(None, str(tmp_path / "runs" / "c"), tmp_path)
     with pytest.raises(TinyGPTError, match="does not exist"):
-        checkpoint.resolve(str(tmp_path / "nope.pt"), None, tmp_path)
+        runs.resolve(str(tmp_path / "nope.pt"), None, tmp_path)
 
 
 def test_new_run_dirs_are_distinct_and_named_as_hydra_names_them(tmp_path):
-    assert checkpoint.new_run_dir(tmp_path) != checkpoint.new_run_dir(tmp_path)
+    assert runs.new_run_dir(tmp_path) != runs.new_run_dir(tmp_path)
     hydra_dirs = (REPO / "configs" / "hydra" / "default.yaml").read_text()
-    assert hydra_dirs.count("${now:" + checkpoint.RUN_STAMP + "}") == 2  # runs and sweeps
+    assert hydra_dirs.count("${now:" + runs.RUN_STAMP + "}") == 2  # runs and sweeps
 
 
 def test_leftovers_are_only_temporaries(tmp_path):
-    folder = tmp_path / checkpoint.CKPT_DIR
+    folder = tmp_path / runs.CKPT_DIR
     folder.mkdir()
     (folder / "ckpt-0000010.pt.tmp-123").write_bytes(b"half")
     (folder / "ckpt-0000010.pt").write_bytes(b"x")
     (folder / "notes.pt.tmp-mine").write_bytes(b"not ours")
-    checkpoint.remove_leftovers(tmp_path)
+    runs.remove_leftovers(tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == ["ckpt-0000010.pt", "notes.pt.tmp-mine"]
 
 
 def test_resume_setting_is_parsed_in_one_place(tmp_path):
     for value in ("auto", "Auto", "true", True, None, "null"):
-        assert checkpoint.parse_resume(value) == checkpoint.AUTO
+        assert parse_resume(value) == AUTO
     for value in ("false", "False", False, "never"):
-        assert checkpoint.parse_resume(value) == checkpoint.NEVER
+        assert parse_resume(value) == NEVER
     with pytest.raises(TinyGPTError, match="resume= is empty"):
-        checkpoint.parse_resume("")
-    assert checkpoint.parse_resume("~/runs/a") == (tmp_path.home() / "runs/a")
+        parse_resume("")
+    assert parse_resume("~/runs/a") == (tmp_path.home() / "runs/a")
 
 
 def test_retention_and_resume_sources(tmp_path):
     for step in (5, 10, 15, 20):
-        (tmp_path / checkpoint.CKPT_DIR).mkdir(exist_ok=True)
-        (tmp_path / checkpoint.CKPT_DIR / checkpoint.step_file(step)).write_bytes(b"x")
-    (tmp_path / checkpoint.CKPT_DIR / checkpoint.BEST).write_bytes(b"x")
-    checkpoint.prune(tmp_path, keep_last=2)
-    assert sorted(p.name for p in (tmp_path / checkpoint.CKPT_DIR).iterdir()) == ["best.pt", "ckpt-0000015.pt", "ckpt-0000020.pt"]
-    assert checkpoint.resume_source("auto", tmp_path) == checkpoint.latest(tmp_path)
-    assert checkpoint.resume_source("auto", tmp_path / "fresh") is None
-    assert checkpoint.resume_source(str(tmp_path), tmp_path / "fresh") == tmp_path / "checkpoints/ckpt-0000020.pt"
+        (tmp_path / runs.CKPT_DIR).mkdir(exist_ok=True)
+        (tmp_path / runs.CKPT_DIR / runs.step_file(step)).write_bytes(b"x")
+    (tmp_path / runs.CKPT_DIR / runs.BEST).write_bytes(b"x")
+    runs.prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / runs.CKPT_DIR).iterdir()) == ["best.pt", "ckpt-0000015.pt", "ckpt-0000020.pt"]
+    assert resume_source("auto", tmp_path) == runs.latest(tmp_path)
+    assert resume_source("auto", tmp_path / "fresh") is None
+    assert resume_source(str(tmp_path), tmp_path / "fresh") == tmp_path / "checkpoints/ckpt-0000020.pt"
     with pytest.raises(TinyGPTError, match="resume=false"):
-        checkpoint.resume_source("False", tmp_path)
+        resume_source("False", tmp_path)
     with pytest.raises(TinyGPTError, match="neither"):
-        checkpoint.resume_source("nowhere", tmp_path)
+        resume_source("nowhere", tmp_path)
     # the newest checkpoint of this very directory, named explicitly: that is plain resuming
     newest = tmp_path / "checkpoints/ckpt-0000020.pt"
-    assert checkpoint.resume_source(str(newest), tmp_path) == newest
+    assert resume_source(str(newest), tmp_path) == newest
 
 
 def _launched_with(resume: str) -> Checkpoint:
@@ -231,25 +232,25 @@ def test_resume_refuses_to_mix_trajectories_in_one_directory(tmp_path, source):
     run, other = tmp_path / "run", tmp_path / "other"
     for d, steps in ((run, (10, 20)), (other, (5,))):
         for step in steps:
-            checkpoint.save(d / checkpoint.CKPT_DIR / checkpoint.step_file(step), _launched_with("auto"))
-    src = run / checkpoint.CKPT_DIR / checkpoint.step_file(10) if source == "older_here" else other
+            checkpoint.save(d / runs.CKPT_DIR / runs.step_file(step), _launched_with("auto"))
+    src = run / runs.CKPT_DIR / runs.step_file(10) if source == "older_here" else other
     with pytest.raises(TinyGPTError, match="already holds a run .*ckpt-0000020.pt.*new directory"):
-        checkpoint.resume_source(str(src), run)
-    assert sorted(p.name for p in (run / checkpoint.CKPT_DIR).iterdir()) == ["ckpt-0000010.pt", "ckpt-0000020.pt"]
+        resume_source(str(src), run)
+    assert sorted(p.name for p in (run / runs.CKPT_DIR).iterdir()) == ["ckpt-0000010.pt", "ckpt-0000020.pt"]
 
 
 def test_a_run_started_from_another_continues_its_own_checkpoints(tmp_path):
     """`resume=A` into B, preempted, rerun with the same overrides (what the stop message says):
     B's newest checkpoint is the one to continue, not A's again."""
     a, b = tmp_path / "A", tmp_path / "B"
-    checkpoint.save(a / checkpoint.CKPT_DIR / checkpoint.step_file(500), _launched_with("auto"))
-    assert checkpoint.resume_source(str(a), b) == checkpoint.latest(a)  # first launch: B is empty
-    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(750), _launched_with(str(a)))
-    assert checkpoint.resume_source(str(a), b) == b / checkpoint.CKPT_DIR / checkpoint.step_file(750)
+    checkpoint.save(a / runs.CKPT_DIR / runs.step_file(500), _launched_with("auto"))
+    assert resume_source(str(a), b) == runs.latest(a)  # first launch: B is empty
+    checkpoint.save(b / runs.CKPT_DIR / runs.step_file(750), _launched_with(str(a)))
+    assert resume_source(str(a), b) == b / runs.CKPT_DIR / runs.step_file(750)
     # B launched from elsewhere: continuing it from A would mix trajectories
-    checkpoint.save(b / checkpoint.CKPT_DIR / checkpoint.step_file(1000), _launched_with(str(tmp_path / "C")))
+    checkpoint.save(b / runs.CKPT_DIR / runs.step_file(1000), _launched_with(str(tmp_path / "C")))
     with pytest.raises(TinyGPTError, match="already holds a run"):
-        checkpoint.resume_source(str(a), b)
+        resume_source(str(a), b)
 
 
 def test_unwrap_compiled_and_ddp_style_wrappers():
@@ -277,7 +278,7 @@ while True:
 
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
 def test_sigkill_while_writing_keeps_a_loadable_checkpoint(tmp_path, delay):
-    path = tmp_path / "checkpoints" / checkpoint.step_file(7)
+    path = tmp_path / "checkpoints" / runs.step_file(7)
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     proc.stdout.readline()  # one complete checkpoint exists
     time.sleep(delay)  # ...and the writer is somewhere in the middle of another
@@ -285,7 +286,7 @@ def test_sigkill_while_writing_keeps_a_loadable_checkpoint(tmp_path, delay):
     proc.wait()
     ckpt = checkpoint.load(path)
     assert ckpt.step >= 1 and ckpt.model["w"].shape == (3_000_000,)
-    assert checkpoint.latest(tmp_path) == path  # a leftover temporary is never taken for a checkpoint
+    assert runs.latest(tmp_path) == path  # a leftover temporary is never taken for a checkpoint
 
 
 def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp_path):
@@ -293,7 +294,6 @@ def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp
     carry nothing, e.g. a zip timestamp) or is refused with a TinyGPTError: never another
     exception, never torch's advice to load with weights_only=False, never wrong weights (torch
     does not check the zip's CRC-32 itself; a flipped bit in a tensor loaded silently before)."""
-    from gpt.checkpoints import loading
 
     model = _model()
     state = TrainingState(optimizer={"state": {}, "param_groups": []}, scaler={}, loader={"step": 1}, rng=[{}])
@@ -303,7 +303,7 @@ def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp
     for kind, data in corrupted_variants(good, 300):
         path = tmp_path / "damaged.pt"
         path.write_bytes(data)
-        for load in (checkpoint.load, loading.resumable):
+        for load in (checkpoint.load, resumable):
             try:
                 ckpt = load(path)
             except TinyGPTError as e:
@@ -314,6 +314,30 @@ def test_300_damaged_checkpoints_load_identically_or_are_refused_in_one_line(tmp
             assert ckpt.step == 3 and all(torch.equal(ckpt.model[k], v) for k, v in model.state_dict().items()), kind
             outcomes["identical"] += 1
     assert outcomes["refused"] > 500  # nearly all damage is seen
+
+
+def test_a_record_marked_as_a_folder_is_refused(tmp_path):
+    """One bit of a record's attributes in the zip's central directory (which no CRC covers) marks
+    it as a folder; torch then reads no bytes for that tensor and would load whatever memory
+    held. Found by the 300 variants above once the record's layout moved."""
+    import struct
+    import zipfile
+
+    model = _model()
+    checkpoint.save(tmp_path / "c.pt", _ckpt(model))
+    data = bytearray((tmp_path / "c.pt").read_bytes())
+    with zipfile.ZipFile(tmp_path / "c.pt") as archive:
+        target = next(i for i in archive.infolist() if "/data/" in i.filename)
+    record = bytes(data).index(b"PK\x01\x02")  # the central directory's first record
+    while True:  # walk the central directory to the target's record
+        name_len, extra_len, comment_len = struct.unpack("<HHH", data[record + 28 : record + 34])
+        if data[record + 46 : record + 46 + name_len].decode() == target.filename:
+            break
+        record += 46 + name_len + extra_len + comment_len
+    data[record + 38] |= 0x10  # external attributes: the MS-DOS folder bit
+    (tmp_path / "c.pt").write_bytes(bytes(data))
+    with pytest.raises(TinyGPTError, match=rf"the file is damaged \({target.filename} is marked as a folder\)"):
+        checkpoint.load(tmp_path / "c.pt")
 
 
 def test_a_flipped_bit_in_a_weight_is_refused_by_its_checksum(tmp_path):

@@ -15,10 +15,10 @@ from gpt.config import (
     AdamWSettings,
     DataSettings,
     FinetuneSettings,
-    GPTSettings,
+    GPTConfig,
     MuonSettings,
     PathsSettings,
-    RNNSettings,
+    RNNConfig,
     RunConfig,
     SampleConfig,
     SamplingSettings,
@@ -64,9 +64,9 @@ def test_every_option_composes_onto_its_schema(group):
         extra = ["data.source.path=corpus"] if option == "local" else []
         settings = compose("config", [f"{group}={option}", *extra])
         assert isinstance(settings, RunConfig) and isinstance(settings.data, DataSettings)
-        assert type(settings.model) in (GPTSettings, RNNSettings) and type(settings.optim) in (AdamWSettings, MuonSettings)
+        assert type(settings.model) in (GPTConfig, RNNConfig) and type(settings.optim) in (AdamWSettings, MuonSettings)
         CosineSchedule.from_settings(settings.optim, settings.train.max_iters)
-        registry.config_from_settings(settings.model, vocab_size=65)
+        registry.with_vocab(settings.model, 65)
 
 
 def test_every_task_composes_onto_its_schema():
@@ -99,8 +99,8 @@ def test_no_group_option_restates_a_default(group):
                 base = OmegaConf.merge(base, _yaml(CONFIGS / group / f"{parent}.yaml"))
         else:
             schema = {
-                "schema_gpt": GPTSettings,
-                "schema_rnn": RNNSettings,
+                "schema_gpt": GPTConfig,
+                "schema_rnn": RNNConfig,
                 "schema_adamw": AdamWSettings,
                 "schema_muon": MuonSettings,
             }[bases[0]]
@@ -133,8 +133,8 @@ def test_root_configs_only_pick_groups():
 def test_the_default_config_is_the_schema_defaults():
     settings = compose("config", [])
     assert settings.train == TrainSettings() and settings.finetune == FinetuneSettings() and settings.paths == PathsSettings()
-    assert settings.optim == MuonSettings() and compose("config", ["model=gpt-micro"]).model == GPTSettings(name="gpt-micro")
-    modern = GPTSettings(name="gpt-micro-modern", norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False)
+    assert settings.optim == MuonSettings() and compose("config", ["model=gpt-micro"]).model == GPTConfig(name="gpt-micro")
+    modern = GPTConfig(name="gpt-micro-modern", norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False)
     assert settings.model == modern  # the quickstart's preset: the defaults with today's block
     assert compose("config", ["optim=adamw"]).optim == AdamWSettings()
     assert {
@@ -186,7 +186,7 @@ def test_data_dir_follows_environment(tmp_path, monkeypatch):
 def test_gpt2_preset_has_124m_parameters():
     s = compose("config", ["model=gpt2"])
     with torch.device("meta"):  # shapes only: no memory, no init time
-        model = GPT(registry.config_from_settings(s.model))
+        model = GPT(s.model)
     assert model.config.vocab_size == 50257
     assert model.lm_head.weight is model.transformer.wte.weight
     assert model.num_params() == 124_439_808

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from helpers import REPO, hooked_pythonpath, run_script, sigterm_after_step_5
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
@@ -63,8 +63,8 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     launch = TORCHRUN
     _, out, err = sigterm_after_step_5([*launch, *common, "train.max_iters=100000"], tmp_path, env)
     assert "stopped at step" in out and "resume with: torchrun" in out, err[-2000:]
-    stopped_at = checkpoint.load(checkpoint.latest(run_dir)).step
-    assert stopped_at >= 5 and len(checkpoint.step_checkpoints(run_dir)) == 1
+    stopped_at = checkpoint.load(runs.latest(run_dir)).step
+    assert stopped_at >= 5 and len(runs.step_checkpoints(run_dir)) == 1
 
     resumed = subprocess.run(
         [*launch, *common, f"train.max_iters={stopped_at + 3}"],
@@ -76,7 +76,7 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"at step {stopped_at}" in resumed.stdout and "resuming from" in resumed.stdout
-    assert checkpoint.load(checkpoint.latest(run_dir)).step == stopped_at + 3
+    assert checkpoint.load(runs.latest(run_dir)).step == stopped_at + 3
 
 
 def _worker_pids(launcher: subprocess.Popen) -> dict[int, int]:
@@ -148,7 +148,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise
     out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]
     assert "(signal on another rank)" in out and "Traceback" not in err, (out[-2000:], err[-2000:])
-    (saved,) = checkpoint.step_checkpoints(run_dir)  # one save
+    (saved,) = runs.step_checkpoints(run_dir)  # one save
     stopped_at = checkpoint.load(saved).step
     assert (stopped_at >= 5) if when == "in the loop" else (stopped_at == 0)
     resumed = subprocess.run(
@@ -161,7 +161,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise
     assert [r["val"] for r in _metrics(run_dir, "eval") if r["step"] > stopped_at] == [
         r["val"] for r in _metrics(tmp_path / "reference", "eval") if r["step"] > stopped_at
     ]
-    a, b = (checkpoint.load(checkpoint.latest(d)).model for d in (run_dir, tmp_path / "reference"))
+    a, b = (checkpoint.load(runs.latest(d)).model for d in (run_dir, tmp_path / "reference"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -227,4 +227,4 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
     # rank 1 stopped on its own, told by rank 0 (not killed by torchrun after waiting: a SLURM
     # launch would have no one to kill it)
     assert "rank 0 could not save step 20" in proc.stderr + proc.stdout, proc.stderr[-3000:]
-    assert [p.name for p in checkpoint.step_checkpoints(run_dir)] == ["ckpt-0000010.pt"]
+    assert [p.name for p in runs.step_checkpoints(run_dir)] == ["ckpt-0000010.pt"]

@@ -208,7 +208,7 @@ def _model_and_source(settings) -> None:
     from gpt.data import sources
     from gpt.model import registry
 
-    registry.config_from_settings(settings.model, vocab_size=1)
+    registry.with_vocab(settings.model, 1)
     sources.check(settings.data.source)
 
 

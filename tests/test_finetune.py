@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from gpt.checkpoints import checkpoint, loading
+from gpt.checkpoints import checkpoint, loading, runs
 from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.model.lora import apply_lora
@@ -51,7 +51,7 @@ def test_finetune_from_an_exported_then_reimported_model(tmp_path, data_root):
         on_step=lambda step, loss: losses.append(loss),
     )
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
-    tuned = checkpoint.load(checkpoint.latest(tmp_path / "finetune")).model
+    tuned = checkpoint.load(runs.latest(tmp_path / "finetune")).model
     start = model.state_dict()
     for key in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight"):
         assert torch.equal(tuned[key], start[key]), key  # frozen
@@ -65,11 +65,11 @@ def test_lora_finetune_resumes_and_samples_merged(tmp_path, data_root):
     lora = [*base, f"init_from={tmp_path / 'pretrain'}", "finetune.lora_rank=2", "optim.lr=1e-2", "optim.decay_iters=8"]
     train(compose([*lora, "train.max_iters=6"], tmp_path / "ft"))
     train(compose([*lora, "train.max_iters=8"], tmp_path / "ft"))  # resumes the adapters
-    step_ckpt = checkpoint.load(checkpoint.latest(tmp_path / "ft"))
+    step_ckpt = checkpoint.load(runs.latest(tmp_path / "ft"))
     assert step_ckpt.step == 8 and any(".lora_A" in k for k in step_ckpt.model) and step_ckpt.lora["rank"] == 2
     best = checkpoint.load(tmp_path / "ft" / "checkpoints" / "best.pt")
     assert not any(".lora_" in k for k in best.model) and best.lora is None  # merged for sampling and export
-    merged = loading.load(str(checkpoint.latest(tmp_path / "ft"))).model  # adapters folded in on load
+    merged = loading.load(str(runs.latest(tmp_path / "ft"))).model  # adapters folded in on load
     unmerged = registry.build(registry.config_from_dict(step_ckpt.model_config)).eval()
     apply_lora(unmerged, step_ckpt.lora["rank"], step_ckpt.lora["alpha"])
     unmerged.load_state_dict(step_ckpt.model)
@@ -111,6 +111,6 @@ def test_lora_run_resumes_with_its_adapters_without_repeating_the_flag(tmp_path,
     lora = [*base, f"init_from={tmp_path / 'pretrain'}", "optim.decay_iters=8"]
     train(compose([*lora, "finetune.lora_rank=2", "train.max_iters=6"], tmp_path / "ft"))
     train(compose([*lora, "train.max_iters=8"], tmp_path / "ft"))  # no lora_rank given: taken from the checkpoint
-    assert checkpoint.load(checkpoint.latest(tmp_path / "ft")).lora["rank"] == 2
+    assert checkpoint.load(runs.latest(tmp_path / "ft")).lora["rank"] == 2
     with pytest.raises(TinyGPTError, match="lora_rank=2"):
         train(compose([*lora, "finetune.lora_rank=4", "train.max_iters=10"], tmp_path / "ft"))

@@ -13,8 +13,7 @@ from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import (
     Decoder,
-    TextRow,
-    advance_text,
+    TextStream,
     decode_safe,
     filter_logits,
     generate,
@@ -24,7 +23,7 @@ from gpt.generation import (
     stream,
 )
 from gpt.model import GPT, GPTConfig
-from gpt.tokenizers import CharTokenizer
+from gpt.tokenizers import ByteTokenizer, CharTokenizer
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -171,12 +170,26 @@ def test_stop_strings_cut_output_and_streaming_matches():
 
 
 def test_text_that_may_start_a_stop_string_is_held_back():
-    row = TextRow()
-    assert advance_text(row, "hello wo", ("world",)) == "hello "  # "wo" might begin "world"
-    assert advance_text(row, "hello wax", ("world",)) == "wax"
-    row = TextRow()
-    assert advance_text(row, "a wor", ("world",)) == "a "
-    assert advance_text(row, "a world!", ("world",)) == "" and row.done and row.emitted == "a "
+    """One row's text, token by token (char tokens here): what could begin a stop string waits
+    until it is decided; a completed stop string ends the row unshown; a stop token ends it and
+    releases what was held; `flush` releases it at the end."""
+    tok = CharTokenizer(list("helowrdax !"))
+
+    def pushed(row, text):
+        return [row.push(i) for i in tok.encode(text)]
+
+    row = TextStream(tok, ("world",))
+    assert "".join(pushed(row, "hello wo")) == "hello "  # "wo" might begin "world"
+    assert "".join(pushed(row, "x")) == "wox" and not row.done
+    row = TextStream(tok, ("world",))
+    assert "".join(pushed(row, "a wor")) == "a "
+    assert "".join(pushed(row, "ld!")) == "" and row.done and row.emitted == "a "
+    row = TextStream(tok, ("world",))
+    assert "".join(pushed(row, "a wo")) == "a " and row.flush() == "wo" and not row.done
+    eot = TextStream(ByteTokenizer(), ("world",))
+    assert [eot.push(i) for i in b"hi wo"] == ["h", "i", " ", "", ""]
+    assert eot.push(256) == "wo" and eot.done  # end-of-text: the held-back text is the row's end
+    assert TextStream(ByteTokenizer(), stop_at_eot=False).push(256) == "" and not TextStream(ByteTokenizer()).done
 
 
 def test_partial_utf8_is_held_back():

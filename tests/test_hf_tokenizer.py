@@ -13,7 +13,8 @@ from gpt.config import TokenizerSettings
 from gpt.errors import TinyGPTError
 from gpt.evals.perplexity import token_bytes
 from gpt.tokenizers import tokenizer_from_dict, tokenizer_identity
-from gpt.tokenizers.hf import EOT, HFTokenizer, train_bpe, training_sample
+from gpt.tokenizers.bpe import train_bpe, training_sample
+from gpt.tokenizers.hf import EOT, HFTokenizer
 from helpers import DOCS, TEXT, data_settings, load, write_corpus
 
 TRICKY = [

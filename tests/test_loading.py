@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt.checkpoints import checkpoint, loading
+from gpt.checkpoints import checkpoint, loading, runs
 from gpt.checkpoints.checkpoint import Checkpoint
+from gpt.checkpoints.resume import resumable
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.model.lora import apply_lora
@@ -24,7 +25,7 @@ def _run(tmp_path, lora: bool = False) -> tuple[GPT, str]:
     run = tmp_path / "run"
     spec = {"kind": "char", "chars": CHARS}
     weights = Checkpoint(model=model.state_dict(), model_config=model.config.to_dict(), tokenizer=spec, step=4, best_val_loss=2.5)
-    checkpoint.save(run / checkpoint.CKPT_DIR / checkpoint.BEST, weights)
+    checkpoint.save(run / runs.CKPT_DIR / runs.BEST, weights)
     if lora:
         apply_lora(model, rank=2, alpha=4.0)
         with torch.no_grad():
@@ -38,7 +39,7 @@ def _run(tmp_path, lora: bool = False) -> tuple[GPT, str]:
         step=4,
         lora={"rank": 2, "alpha": 4.0} if lora else None,
     )
-    checkpoint.save(run / checkpoint.CKPT_DIR / checkpoint.step_file(4), step)
+    checkpoint.save(run / runs.CKPT_DIR / runs.step_file(4), step)
     return model.eval(), str(run)
 
 
@@ -58,7 +59,7 @@ def test_a_run_dir_a_checkpoint_and_the_newest_run_load_the_same_model(tmp_path)
 
 def test_lora_adapters_are_folded_in_on_load(tmp_path):
     model, run = _run(tmp_path, lora=True)
-    loaded = loading.load(str(checkpoint.latest(run)))
+    loaded = loading.load(str(runs.latest(run)))
     assert not any(".lora_" in k for k in loaded.model.state_dict())
     idx = torch.randint(0, 8, (2, 8))
     with torch.no_grad():
@@ -77,33 +78,35 @@ def test_clear_errors(tmp_path):
     with pytest.raises(TinyGPTError, match="init_from=/nowhere is not a Hugging Face model"):
         loading.load("/nowhere")
     model, run = _run(tmp_path)
-    bad = checkpoint.load(checkpoint.latest(run))
+    bad = checkpoint.load(runs.latest(run))
     bad.model["transformer.wte.weight"] = torch.zeros(3, 3)
     checkpoint.save(tmp_path / "bad.pt", bad)
     with pytest.raises(TinyGPTError, match="weights do not fit its own model settings"):
         loading.load(str(tmp_path / "bad.pt"))
 
 
-def test_a_checkpoint_seen_to_fit_is_not_built_again_until_it_changes(tmp_path, monkeypatch):
-    """Preflight and set-up both ask whether the same checkpoints can be resumed: the model is
-    built once per file; a file rewritten since is checked afresh (and refused if it no longer fits)."""
+def test_a_resumable_checkpoint_is_one_whose_weights_fit_and_a_rewritten_one_is_checked_afresh(tmp_path, monkeypatch):
+    """`resumable` builds the checkpoint's model once per look (how often a start looks is the
+    claim's business: once, tests/apps/test_train.py); a file rewritten since it was seen to fit
+    is refused if it no longer fits."""
+    from gpt.checkpoints import resume
     from gpt.checkpoints.checkpoint import TrainingState
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))
     spec = {"kind": "char", "chars": CHARS}
-    path = tmp_path / checkpoint.step_file(3)
+    path = tmp_path / runs.step_file(3)
     state = TrainingState({}, {}, {}, None, 0, 0)
     checkpoint.save(
         path, Checkpoint(model=model.state_dict(), model_config=model.config.to_dict(), tokenizer=spec, step=3, training=state)
     )
     built = []
-    real = loading.model_from_checkpoint
-    monkeypatch.setattr(loading, "model_from_checkpoint", lambda *a, **k: built.append(1) or real(*a, **k))
-    assert loading.resumable(path).step == 3 and loading.resumable(path).step == 3
+    real = resume.model_from_checkpoint
+    monkeypatch.setattr(resume, "model_from_checkpoint", lambda *a, **k: built.append(1) or real(*a, **k))
+    assert resumable(path).step == 3
     assert len(built) == 1
     wrong = {k: (v[:4] if k == "transformer.wte.weight" else v) for k, v in model.state_dict().items()}
     checkpoint.save(path, Checkpoint(model=wrong, model_config=model.config.to_dict(), tokenizer=spec, step=3, training=state))
     with pytest.raises(TinyGPTError, match="ckpt-0000003.pt"):
-        loading.resumable(path)
+        resumable(path)
     assert len(built) == 2

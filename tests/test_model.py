@@ -326,10 +326,10 @@ def test_swiglu_and_relu2_are_their_formulas():
 
 
 def test_the_mlp_width_follows_llama_for_swiglu_unless_given():
-    assert GPTConfig(n_embd=576, n_head=9, mlp="swiglu").hidden == 1536  # SmolLM2-135M
-    assert GPTConfig(n_embd=4096, n_head=32, mlp="swiglu").hidden == 11008  # Llama 7B
-    assert GPTConfig(n_embd=128, mlp="swiglu").hidden == 512 and GPTConfig(n_embd=128).hidden == 512
-    assert GPTConfig(n_embd=128, mlp="swiglu", mlp_hidden=384).hidden == 384
+    assert GPTConfig(n_embd=576, n_head=9, mlp="swiglu").mlp_hidden == 1536  # SmolLM2-135M
+    assert GPTConfig(n_embd=4096, n_head=32, mlp="swiglu").mlp_hidden == 11008  # Llama 7B
+    assert GPTConfig(n_embd=128, mlp="swiglu").mlp_hidden == 512 and GPTConfig(n_embd=128).mlp_hidden == 512
+    assert GPTConfig(n_embd=128, mlp="swiglu", mlp_hidden=384).mlp_hidden == 384
 
 
 def test_an_untied_head_is_its_own_matrix_and_counts():

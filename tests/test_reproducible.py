@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from helpers import REPO, sigterm_after_step_5
 
 # 40 steps, a loss at every one, an eval and a checkpoint every 5: resume points all along the run.
@@ -107,7 +107,7 @@ def _assert_same_end(run_dir: Path, reference: Path) -> None:
     """The summary's figures, the final checkpoint's losses and its weights, exactly."""
     summary, expected = _summary(run_dir), _summary(reference)
     assert {k: summary.get(k) for k in FIGURES} == {k: expected[k] for k in FIGURES}
-    final, wanted = checkpoint.load(checkpoint.latest(run_dir)), checkpoint.load(checkpoint.latest(reference))
+    final, wanted = checkpoint.load(runs.latest(run_dir)), checkpoint.load(runs.latest(reference))
     assert final.step == wanted.step == STEPS
     assert (final.last_eval, final.best_val_loss) == (wanted.last_eval, wanted.best_val_loss)
     assert final.model.keys() == wanted.model.keys()
@@ -202,7 +202,7 @@ def resumed(data_root, tmp_path_factory) -> Resumed:
     code, out, err = sigterm_after_step_5(_command(data_root, run_dir, "threads=1"), folder, _env(data_root))
     stopped = Ran(run_dir, out + err, started, time.time())
     assert code == 0 and "stopped at step" in out, (code, out[-2000:], err[-2000:])
-    ckpt = checkpoint.load(checkpoint.latest(run_dir))
+    ckpt = checkpoint.load(runs.latest(run_dir))
     assert 5 <= ckpt.step < STEPS and ckpt.training.threads == 1
     rows_before = len(_rows(run_dir))
     copy = folder / "copy"
@@ -259,7 +259,7 @@ def test_kill_9_at_random_moments_under_a_changing_load_ends_bitwise_as_the_unin
             # checkpoint, so that the last process always resumes.
             step = rng.randint(2, 24) if kill == 0 else rng.randint(max(6, resume_from + 1), STEPS - 1)
             _kill_after(data_root, run_dir, step, rng.uniform(0, 0.05))
-            newest = checkpoint.latest(run_dir)
+            newest = runs.latest(run_dir)
             resume_from = checkpoint.load(newest).step if newest else 0
         rows_before = len(_rows(run_dir))
         done = _train(data_root, run_dir)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt.checkpoints.resume import resume_point
 from gpt.errors import TinyGPTError
 from gpt.runtime import runlock
 from gpt.runtime.runlock import RunLock
@@ -137,13 +138,14 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     writes anything there, and holds it until the process ends; a start while another process
     holds it is refused with the earlier run's record in place, before anything reads the run."""
     from gpt.apps.train import claim_run_dir
-    from gpt.checkpoints import loading
+    from gpt.training import start
 
     monkeypatch.chdir(tmp_path)
     examined = []
-    real = loading.resume_point
-    monkeypatch.setattr(loading, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
-    assert claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"], []) == [f"hydra.run.dir='{tmp_path / 'a'}'"]
+    real = resume_point
+    monkeypatch.setattr(start, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
+    started = claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"], [])
+    assert started.pinned == [f"hydra.run.dir='{tmp_path / 'a'}'"] and started.claim.point is not None
     assert json.loads((tmp_path / "a" / runlock.LOCK).read_text())["pid"] == os.getpid()
     RunLock(tmp_path / "a").acquire().release()  # the trainer, in this process, finds it its own
     assert (tmp_path / "a" / runlock.LOCK).exists() and len(examined) == 1
@@ -166,11 +168,11 @@ def test_an_interpolated_run_dir_is_resolved_once_and_locked(tmp_path, monkeypat
     from gpt.apps.train import claim_run_dir, override_value
 
     monkeypatch.chdir(tmp_path)
-    pinned = claim_run_dir(["hydra.run.dir=outputs/${now:%H-%M-%S}"], [])
+    pinned = claim_run_dir(["hydra.run.dir=outputs/${now:%H-%M-%S}"], []).pinned
     folder = OverridesParser.create().parse_override(pinned[0]).value()
     assert pinned[0].startswith("hydra.run.dir=") and (tmp_path / "outputs").is_dir()
     assert json.loads((Path(folder) / runlock.LOCK).read_text())["pid"] == os.getpid()
-    default = OverridesParser.create().parse_override(claim_run_dir([], [])[0]).value()
+    default = OverridesParser.create().parse_override(claim_run_dir([], []).pinned[0]).value()
     assert Path(default).parent == tmp_path / "outputs" / "runs"
     with pytest.raises(TinyGPTError, match="optim.lr"):
         claim_run_dir(["hydra.run.dir=outputs/lr_${optim.lr}", "optim.lr=fast"], ["optim.lr=fast"])
@@ -188,7 +190,7 @@ def test_a_quoted_run_dir_is_the_folder_hydra_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     for given, folder in ((f"'{tmp_path / 'my runs'}'", tmp_path / "my runs"), ("'~/runs/a'", tmp_path / "home" / "runs" / "a")):
-        pinned = claim_run_dir([f"hydra.run.dir={given}"], [])
+        pinned = claim_run_dir([f"hydra.run.dir={given}"], []).pinned
         assert pinned == [f"hydra.run.dir='{folder}'"] and (folder / runlock.LOCK).is_file()
     assert not [p for p in tmp_path.iterdir() if "'" in p.name or p.name == "~"]
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
-from gpt.tracking import record_failure
+from gpt.tracking.records import record_failure
 
 
 def test_status_of_a_run_written_elsewhere_follows_its_heartbeat():
-    from gpt.tracking import STALE_AFTER, status_of
+    from gpt.runtime.runlock import STALE_AFTER
+    from gpt.tracking.records import status_of
 
     now = 1_000_000.0
     running = {"status": "running", "host": "another-host", "pid": 1, "heartbeat": now - 60}

@@ -242,10 +242,10 @@ def _item_type(cause) -> str | None:
     """'a number', ...: what an item of a typed list (budgets[1]) takes."""
     import typing
 
-    from gpt.config import _NAMES
+    from gpt.config.checks import NAMES
 
     args = typing.get_args(getattr(cause, "ref_type", None))
-    return _NAMES.get(args[0]) if len(args) == 1 else None
+    return NAMES.get(args[0]) if len(args) == 1 else None
 
 
 def _chain(error: BaseException):

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from gpt.apps import common
+from gpt.checkpoints import runs
 from gpt.config import ServeConfig
 from gpt.errors import TinyGPTError
 
@@ -37,14 +38,14 @@ def model_sources(s: ServeConfig) -> list[tuple[str, str]]:
     one model run_dir / ckpt / init_from / the newest run names. Ids are short names: a run's
     folder (relative to paths.runs_dir when under it), a checkpoint's run/file, a GPT-2 name."""
     from gpt import interop
-    from gpt.checkpoints import checkpoint, loading
+    from gpt.checkpoints import loading
 
     runs_root = Path(s.paths.runs_dir).expanduser()
     if s.models == ["all"]:
-        runs = sorted(checkpoint.runs_under(runs_root))
-        if not runs:
+        found = sorted(runs.runs_under(runs_root))
+        if not found:
             raise TinyGPTError(f"models=all: no trained run under {runs_root.resolve()}; train one first or name models=[...]")
-        sources = [str(r) for r in runs]
+        sources = [str(r) for r in found]
     elif s.models:
         sources = list(s.models)
         for source in sources:
@@ -63,7 +64,7 @@ def model_sources(s: ServeConfig) -> list[tuple[str, str]]:
                 name = path.name
             name = name.removeprefix("runs/")
         else:
-            name = f"{path.parent.parent.name}/{path.stem}" if path.parent.name == checkpoint.CKPT_DIR else path.stem
+            name = f"{path.parent.parent.name}/{path.stem}" if path.parent.name == runs.CKPT_DIR else path.stem
         taken = {n for n, _ in named}
         unique, k = name, 2
         while unique in taken:

@@ -37,21 +37,33 @@ def summarise(s: SweepConfig) -> list[dict]:
     return rows
 
 
-# The failed jobs of the multirun in this process, by job number: filled by the train command's
-# jobs and by the callback below, read at the sweep's end. (Launchers that run jobs elsewhere,
-# e.g. SLURM, leave both empty: then the jobs' summaries tell.)
-FAILED: dict[int, str] = {}
-ENDED: set[int] = set()  # the job numbers that ended, failed or not
+class JobFailure(float):
+    """What a failed job of a sweep whose sweeper must go on (Hydra's basic one) returns: NaN to
+    the sweeper, and why it failed to the sweep's end (LeaderboardCallback), in the job's own
+    return value."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> JobFailure:
+        failure = super().__new__(cls, "nan")
+        failure.reason = reason
+        return failure
 
 
 class LeaderboardCallback(Callback):
     """Keeps a multirun's leaderboard current: rewritten as each job ends (an interrupted or
     killed sweep still has one), and at the end a line on the best run and on the jobs of this
-    sweep that failed (then the exit status is 1)."""
+    sweep that failed (then the exit status is 1). How each job ended is what Hydra hands over as
+    it ends: a JobFailure it returned, or its failure (a sweeper's failed trial, a bug); not read
+    back from folders, which an earlier invocation may have left."""
+
+    def __init__(self) -> None:
+        self.failed: dict[int, str] = {}  # by job number, the jobs of this multirun that ran in this process
+        self.ended: set[int] = set()
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        FAILED.clear()
-        ENDED.clear()
+        self.failed.clear()
+        self.ended.clear()
 
     def on_job_end(self, config, job_return=None, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -61,9 +73,12 @@ class LeaderboardCallback(Callback):
         hydra_cfg = HydraConfig.get()
         if hydra_cfg.mode != RunMode.MULTIRUN or common.rank() != 0:
             return
-        ENDED.add(hydra_cfg.job.num)
+        num = hydra_cfg.job.num
+        self.ended.add(num)
         if job_return is not None and job_return.status == JobStatus.FAILED:  # JobFailed, or a bug
-            FAILED.setdefault(hydra_cfg.job.num, str(job_return._return_value).splitlines()[0])
+            self.failed.setdefault(num, str(job_return._return_value).splitlines()[0])
+        elif job_return is not None and isinstance(job_return.return_value, JobFailure):
+            self.failed.setdefault(num, job_return.return_value.reason)
         try:
             write_leaderboard(hydra_cfg.sweep.dir)
         except Exception as e:  # a plot or a full disk must not end the sweep
@@ -77,7 +92,7 @@ class LeaderboardCallback(Callback):
             print(
                 f"leaderboard: {sweep_dir / 'leaderboard.md'} (best: run {best['run']}, val {best['best_val_loss']:.4f}, {best['overrides']})"
             )
-        failed, ended = dict(FAILED), ENDED | set(FAILED)
+        failed, ended = dict(self.failed), self.ended | set(self.failed)
         if not ended:  # the jobs ran in other processes (SLURM, submitit): their summaries say how they ended
             failed = {r["run"]: r["error"] or "no reason recorded" for r in rows if r["status"] == "failed"}
             ended = {r["run"] for r in rows}

@@ -8,11 +8,14 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.apps import common, sweep
 from gpt.apps.common import JobFailed
+from gpt.checkpoints import runs
 from gpt.config import RunConfig
+from gpt.config.overrides import override_value
 from gpt.errors import RunRefused, TinyGPTError, one_line
 
 _COMMAND = "tinygpt train"
@@ -24,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
         preemption.defer_until_the_run_listens()
     argv = sys.argv[1:] if argv is None else list(argv)
+    start = None
     multirun = any(a in ("-m", "--multirun") for a in argv)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     own = [a for a in overrides if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
@@ -35,38 +39,43 @@ def main(argv: list[str] | None = None) -> None:
         if multirun:
             common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
-            pinned = common.guard(lambda: claim_run_dir(overrides, own))
-            argv = [a for a in argv if not (pinned and a.startswith("hydra.run.dir="))] + pinned
-    _hydra_main([*argv, *quiet_non_zero_ranks()])
+            start = common.guard(lambda: claim_run_dir(overrides, own))
+            argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
+    _hydra_main([*argv, *quiet_non_zero_ranks()], start)
 
 
-def claim_run_dir(overrides: list[str], own: list[str]) -> list[str]:
+@dataclass
+class Start:
+    """What the command found before Hydra wrote anything, handed to the run it starts: the
+    override that pins Hydra to the run directory, the directory's claim (gpt.training.start:
+    lock held, resume point examined), and the earlier run's records kept aside from Hydra's."""
+
+    pinned: list[str] = field(default_factory=list)
+    claim: object = None  # gpt.training.Claim; None on ranks other than 0
+    kept: list[tuple[Path, Path]] = field(default_factory=list)  # (where an earlier .hydra/ went, where it was)
+
+
+def claim_run_dir(overrides: list[str], own: list[str]) -> Start:
     """A single run, before Hydra writes anything: its directory resolved (a `${now:...}` or
-    `${optim.lr}` in hydra.run.dir too) and locked first, in one atomic step, so that of two starts
-    into one directory exactly one goes on and nothing of the other's run is read or moved
-    meanwhile; then every check (`preflight`), and the earlier run's record kept aside. Returns
-    the override that pins Hydra to the directory resolved."""
-    from gpt.runtime import runlock
+    `${optim.lr}` in hydra.run.dir too) and claimed (locked, every check run, where it resumes from
+    examined: gpt.training.start.claim), so that of two starts into one directory exactly one goes
+    on and nothing of the other's run is read or moved meanwhile; then the earlier run's record
+    kept aside. Its `pinned` override pins Hydra to the directory resolved."""
+    from gpt.training.start import claim
 
     if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks)
         preflight(common.compose("config", own, _COMMAND))
-        return []
+        return Start()
     cfg = common.compose_raw("config", overrides, _COMMAND, hydra=True)  # once: the run directory and the settings
     run_dir, pinned = _resolve_run_dir(cfg)
-    created = not run_dir.exists()
-    lock = runlock.RunLock(run_dir, log=lambda m: print(m, file=sys.stderr))
-    lock.acquire()
+    claimed = claim(_settings_without_hydra(cfg), run_dir, log=lambda m: print(m, file=sys.stderr))
+    atexit.register(claimed.release)  # in case Hydra fails before the run takes it over (then the run releases it)
     try:
-        point = preflight(_settings_without_hydra(cfg), run_dir)
-        _examined[run_dir.resolve()] = point
-        _keep_earlier_record(run_dir, point)
+        kept = _keep_earlier_record(run_dir)
     except BaseException:
-        lock.release()
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):  # a refused start leaves no empty run
-            run_dir.rmdir()
+        claimed.release()
         raise
-    atexit.register(lock.release)  # held until this process ends (the trainer finds it its own)
-    return pinned
+    return Start(pinned, claimed, kept)
 
 
 def _settings_without_hydra(cfg):
@@ -97,85 +106,11 @@ def _resolve_run_dir(cfg) -> tuple[Path, list[str]]:
     return run_dir, [f"hydra.run.dir={override_value(str(run_dir))}"]
 
 
-def override_value(text: str) -> str:
-    """`text` quoted as a Hydra override value (single quotes; a quote, and backslashes before a
-    quote or at the end, escaped), so any path reads back as itself."""
-    import re
-
-    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
-    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
-    return f"'{escaped}'"
-
-
-# Resume points the command line found, by run directory: the run's set-up takes them as found.
-_examined: dict[Path, object] = {}
-
-
 def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = True):
-    """The checks that need no data (model shape, data source and root, what the run resumes
-    from, runtime; the others ran when the settings were built). `run_dir`: the directory the
-    run trains into, which may hold a run to resume; returns where it resumes from
-    (gpt.checkpoints.loading.ResumePoint), examined once. `here`: whether it runs on this machine (a SLURM job
-    finds its node's devices itself)."""
-    from gpt.checkpoints import loading
-    from gpt.data import sources
-    from gpt.evals import tasks
-    from gpt.model import registry
-    from gpt.runtime import devices
+    """The checks that need no data (gpt.training.start.preflight)."""
+    from gpt.training.start import preflight as checks
 
-    registry.config_from_settings(settings.model, vocab_size=1)
-    tasks.check_names(settings.train.eval_tasks)
-    sources.check(settings.data.source)
-    _check_data_root(settings.paths.data_root())
-    point = _resume_point(settings, run_dir)
-    if point is not None and point.checkpoint is not None:
-        _check_tokenizer_kind(point.checkpoint, settings)
-    if settings.init_from:
-        loading.check(settings.init_from)
-    if here:
-        device, _ = devices.pick_device(settings.device)
-        devices.pick_dtype(device, settings.dtype)
-        devices.pick_compile(device, settings.compile)
-    return point
-
-
-def _check_data_root(root: Path) -> None:
-    """A data root that is a file (or under one) cannot hold prepared data."""
-    for folder in (root, *root.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise TinyGPTError(f"paths.data_dir={root}: {folder} is a file; name a folder for prepared data")
-            return
-
-
-def _resume_point(settings: RunConfig, run_dir: Path | None):
-    """Where the run continues from (checked as set-up will use it: loads, holds the training
-    state, weights fit). Without a run directory (a sweep's job, a rank other than 0), only a
-    resume= checkpoint given by path is checked."""
-    from gpt.checkpoints import checkpoint, loading
-
-    if run_dir is not None or isinstance(checkpoint.parse_resume(settings.resume), Path):
-        return loading.resume_point(settings.resume, run_dir)
-    return None
-
-
-def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
-    """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
-    identity are known now; a char vocabulary or a BPE is fitted to its corpus, compared once the
-    data is prepared (gpt.training.setup)."""
-    from dataclasses import asdict
-
-    from gpt.tokenizers import difference, normalize_spec, tokenizer_identity
-
-    theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
-    if "vocab_size" not in ours:  # known once the ranks file is read
-        theirs.pop("vocab_size", None)
-    # char and bpe are fitted to the corpus and hf read from its file: compared once the data is prepared
-    if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
-        raise TinyGPTError(
-            f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
-            f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"
-        )
+    return checks(settings, run_dir, here)
 
 
 def _refuse_files(overrides: list[str]) -> None:
@@ -194,34 +129,31 @@ def _refuse_files(overrides: list[str]) -> None:
             raise TinyGPTError(f"{key}={value} is a file; name a directory (new, or a run's own to resume it)")
 
 
-def _keep_earlier_record(run_dir: Path, point) -> None:
+def _keep_earlier_record(run_dir: Path) -> list[tuple[Path, Path]]:
     """Training into a directory that holds a run resumes it (or was refused by now): Hydra would
-    overwrite that run's .hydra/ record before any of our code runs, so it is kept as .hydra-<n>/."""
-    from gpt.checkpoints import checkpoint
+    overwrite that run's .hydra/ record before any of our code runs, so it is kept as .hydra-<n>/.
+    Returns where it went, to be put back if the run is refused."""
+    from gpt.checkpoints import runs
 
     record = run_dir / ".hydra"
-    if not checkpoint.has_run(run_dir) or not record.is_dir():
-        return
+    if not runs.has_run(run_dir) or not record.is_dir():
+        return []
     n = 1
     while (run_dir / f".hydra-{n}").exists():
         n += 1
     record.rename(run_dir / f".hydra-{n}")
-    _set_aside.append((run_dir / f".hydra-{n}", record))
+    return [(run_dir / f".hydra-{n}", record)]
 
 
-_set_aside: list[tuple[Path, Path]] = []  # (where the earlier run's record went, where it was)
-
-
-def _put_back_earlier_record() -> None:
+def _put_back_earlier_record(kept: list[tuple[Path, Path]]) -> None:
     """A run refused during set-up changed nothing: the earlier run's record goes back in place of
     this attempt's (its error stays in train.log)."""
     import shutil
 
-    while _set_aside:
-        kept, record = _set_aside.pop()
-        if kept.is_dir():
+    for aside, record in reversed(kept):
+        if aside.is_dir():
             shutil.rmtree(record, ignore_errors=True)
-            kept.rename(record)
+            aside.rename(record)
 
 
 def quiet_non_zero_ranks() -> list[str]:
@@ -232,7 +164,7 @@ def quiet_non_zero_ranks() -> list[str]:
     return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
 
 
-def _hydra_main(argv: list[str]) -> None:
+def _hydra_main(argv: list[str], start: Start | None = None) -> None:
     import hydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -245,7 +177,10 @@ def _hydra_main(argv: list[str]) -> None:
     ours = "HYDRA_FULL_ERROR" not in os.environ
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
-        hydra.main(version_base="1.3", config_path=str(common.config_dir()), config_name="config")(_task)()
+        # A single run's task gets what the command found (a closure: no module state in between);
+        # a multirun's is the module's function, which launchers may pickle and run elsewhere.
+        task = _task if start is None else (lambda cfg: _task(cfg, start))
+        hydra.main(version_base="1.3", config_path=str(common.config_dir()), config_name="config")(task)()
     except (HydraException, OmegaConfBaseException) as e:
         if not ours:
             raise
@@ -260,14 +195,16 @@ def _hydra_main(argv: list[str]) -> None:
         common.fail("no trial of the search completed: each one's reason is in its summary.json and the sweep's leaderboard.md")
 
 
-def _task(cfg) -> float:
-    """One training job (a multirun calls it once per job); returns what sweepers minimise."""
+def _task(cfg, start: Start | None = None) -> float:
+    """One training job (a multirun calls it once per job); returns what sweepers minimise.
+    `start`: what the command found for a single run (claim_run_dir)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from gpt.runtime import distributed
     from gpt.runtime.preemption import Preempted
-    from gpt.tracking import logger, record_failure
+    from gpt.tracking import logger
+    from gpt.tracking.records import record_failure
     from gpt.training import train  # imported here so that `--help` and config errors stay fast
 
     hydra_cfg = HydraConfig.get()
@@ -280,11 +217,14 @@ def _task(cfg) -> float:
     def run() -> float:
         settings = common.settings_of(cfg)
         settings.paths.output_dir = settings.paths.output_dir or output_dir
+        claimed = start.claim if start is not None else None
+        if claimed is not None and claimed.run_dir != Path(settings.paths.output_dir).expanduser().absolute():
+            claimed.release()  # Hydra trains elsewhere than the command found (never, as it is pinned)
+            claimed = None
         try:
-            point = _examined.pop(Path(settings.paths.output_dir).resolve(), None)  # found by claim_run_dir
-            summary = train(settings, overrides=overrides, resume_point=point)
+            summary = train(settings, overrides=overrides, claimed=claimed)
         except RunRefused:
-            _put_back_earlier_record()
+            _put_back_earlier_record(start.kept if start is not None else [])
             raise
         except Preempted:
             launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
@@ -304,9 +244,9 @@ def _task(cfg) -> float:
     def sweep_job() -> float:
         """A failed job is recorded (its summary.json; for an error that is not a user's
         mistake, a crash of some library or of tinygpt itself, with its traceback beside it in
-        traceback.txt) and the sweep goes on: Hydra's basic
-        sweeper would stop at a raised error, so it gets a NaN (the sweep's end reports the
-        failures, gpt.apps.sweep.LeaderboardCallback); a sweeper that draws trials (Optuna)
+        traceback.txt) and the sweep goes on: Hydra's basic sweeper would stop at a raised
+        error, so it gets a JobFailure, a NaN that carries the reason to the sweep's end
+        (gpt.apps.sweep.LeaderboardCallback); a sweeper that draws trials (Optuna)
         gets JobFailed, a failed trial. Under torchrun the job stops as a single run does: the
         other ranks must not wait in a job that rank 0 has left."""
         try:
@@ -316,8 +256,7 @@ def _task(cfg) -> float:
                 raise
             reason = str(e) if isinstance(e, TinyGPTError) else _unexpected(e, Path(output_dir))
             record_failure(Path(output_dir), reason, replaces=one_line(e), overrides=overrides)
-            logger.error(f"error: {reason}")
-            sweep.FAILED[hydra_cfg.job.num] = reason
+            logger.error(f"error: {reason}")  # the sweep's end reads it back from the job's summary.json
         # Out of the except block, the error and the frames it holds (the failed job's model and
         # optimizer) are gone: free them before the next job, which a sweeper may start while it
         # still holds the failure raised below.
@@ -325,7 +264,7 @@ def _task(cfg) -> float:
 
         devices.free_memory()
         if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
-            return float("nan")
+            return sweep.JobFailure(reason)  # NaN to the sweeper; the reason to the sweep's end
         raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
 
     return common.guard(sweep_job if multirun else run)
@@ -348,9 +287,8 @@ def _unexpected(error: Exception, job_dir: Path) -> str:
 def after_stop(run_dir: Path, launcher: str) -> str:
     """What to do after a signal stopped the run: resume it, or (stopped during set-up, before its
     first checkpoint) start it again."""
-    from gpt.checkpoints import checkpoint
 
-    if checkpoint.latest(run_dir) is None:
+    if runs.latest(run_dir) is None:
         return (
             f"stopped before the run saved a checkpoint: nothing to resume; start it again with {launcher} <the same overrides>"
         )

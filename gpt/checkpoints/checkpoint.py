@@ -1,5 +1,4 @@
-"""Checkpoints: what one holds (the format, versioned), atomic save, safe load, retention, and
-finding the run or checkpoint a command means.
+"""The checkpoint: what one holds (the format, versioned), atomic save and safe load.
 
 A run directory holds `checkpoints/ckpt-<step>.pt` (full training state, the newest few kept)
 and `checkpoints/best.pt` (weights of the best validation loss, for sampling and export). Both
@@ -20,26 +19,20 @@ from __future__ import annotations
 
 import math
 import pickle
-import re
 import zipfile
 from dataclasses import dataclass, field, fields
-from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 
 from gpt.errors import TinyGPTError
-from gpt.runtime.io import atomic_write, temporary_owner
+from gpt.runtime.io import atomic_write
 from gpt.version import __version__
 
 T = TypeVar("T")
 
 FORMAT = 3
-CKPT_DIR = "checkpoints"
-RUN_STAMP = "%Y-%m-%d_%H-%M-%S-%f"  # run folder names; configs/hydra/default.yaml names them alike (tested)
-BEST = "best.pt"
-_STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 _COMPILED_PREFIX = "_orig_mod."
 
 
@@ -150,17 +143,23 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
 
 def _check_sums(path: Path) -> None:
     """Every record of the checkpoint's zip archive against its CRC-32: torch reads records
-    without checking, so a flipped bit in a tensor would load as a wrong weight, silently.
-    (Files that are not zip archives are left to torch.load, which refuses or reads them.)"""
+    without checking, so a flipped bit in a tensor would load as a wrong weight, silently. A
+    record marked as a folder is damage too: torch.save marks none, and torch's reader gives a
+    folder no bytes, so its tensor would load as whatever memory held (the central directory's
+    attributes carry no checksum). (Files that are not zip archives are left to torch.load, which
+    refuses or reads them.)"""
     try:
         if not zipfile.is_zipfile(path):
             return
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
+            folders = [i.filename for i in archive.infolist() if i.external_attr & 0x10 or (i.external_attr >> 16) & 0o040000]
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
         raise TinyGPTError(f"cannot load checkpoint {path}: the file is damaged or cut short ({e})") from None
     if bad is not None:
         raise TinyGPTError(f"cannot load checkpoint {path}: the file is damaged ({bad} fails its checksum)")
+    if folders:
+        raise TinyGPTError(f"cannot load checkpoint {path}: the file is damaged ({folders[0]} is marked as a folder)")
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
@@ -200,171 +199,3 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         if inner is None:
             return model
         model = inner
-
-
-# --- a run directory's checkpoints ------------------------------------------------------------
-
-
-def new_run_dir(runs_dir: str | Path) -> Path:
-    """A fresh run directory, named as Hydra names them (configs/hydra/default.yaml): to the
-    microsecond, so parallel launches never share one."""
-    return (Path(runs_dir).expanduser() / "runs" / datetime.now().strftime(RUN_STAMP)).absolute()
-
-
-def step_file(step: int) -> str:
-    return f"ckpt-{step:07d}.pt"
-
-
-def step_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's full-state checkpoints, oldest first."""
-    folder = Path(run_dir) / CKPT_DIR
-    found = [(int(m.group(1)), p) for p in folder.glob("ckpt-*.pt") if (m := _STEP_FILE.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def latest(run_dir: Path) -> Path | None:
-    ckpts = step_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
-
-
-def prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step checkpoints (best.pt is separate and stays)."""
-    for old in step_checkpoints(run_dir)[:-keep_last]:
-        old.unlink(missing_ok=True)
-
-
-def set_aside(path: Path) -> Path:
-    """Rename a checkpoint that cannot be used to `<name>.damaged` (kept for a look, out of the way
-    of retention and resuming); returns the new path."""
-    target, n = path.with_name(path.name + ".damaged"), 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}.damaged-{n}")
-    path.rename(target)
-    return target
-
-
-def remove_leftovers(run_dir: Path) -> None:
-    """Delete temporaries of writes that a crash or kill -9 cut short (never complete files)."""
-    for tmp in (Path(run_dir) / CKPT_DIR).glob("*.pt.tmp-*"):
-        if temporary_owner(tmp) is not None:
-            tmp.unlink(missing_ok=True)
-
-
-def has_run(run_dir: Path) -> bool:
-    return any((Path(run_dir) / CKPT_DIR).glob("*.pt"))
-
-
-def checkpoint_in_run(run_dir: Path) -> Path:
-    """best.pt of a run directory, falling back to its newest step checkpoint."""
-    best = Path(run_dir) / CKPT_DIR / BEST
-    found = best if best.is_file() else latest(run_dir)
-    if found is None:
-        raise TinyGPTError(
-            f"{run_dir} holds no checkpoint ({CKPT_DIR}/{BEST} or ckpt-*.pt); pass a run directory that has trained"
-        )
-    return found
-
-
-def candidates_in_run(run_dir: Path) -> list[Path]:
-    """The checkpoints a reader of a run may use, in order of preference: best.pt, then the step
-    checkpoints newest first."""
-    best = Path(run_dir) / CKPT_DIR / BEST
-    return [best] * best.is_file() + step_checkpoints(run_dir)[::-1]
-
-
-def runs_under(root: str | Path) -> set[Path]:
-    """Every run directory (plain run or sweep job) below `root` holding a checkpoint of ours."""
-    return {
-        p.parent.parent for p in Path(root).expanduser().glob(f"**/{CKPT_DIR}/*.pt") if p.name == BEST or _STEP_FILE.match(p.name)
-    }
-
-
-def latest_run(runs_root: str | Path) -> Path:
-    """The run directory (plain run or sweep job) whose checkpoint was written most recently."""
-    root = Path(runs_root).expanduser()
-    candidates = runs_under(root)
-    if not candidates:
-        raise TinyGPTError(
-            f"no trained run found under {root.resolve()}; train one first with `python train.py`, "
-            f"or pass run_dir=<run directory> or ckpt=<checkpoint.pt>"
-        )
-    return max(candidates, key=lambda d: max(p.stat().st_mtime for p in (d / CKPT_DIR).glob("*.pt")))
-
-
-def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Path:
-    """Which checkpoint a command means: an explicit file, else a run directory, else the latest run."""
-    if ckpt:
-        p = Path(ckpt).expanduser()
-        if p.is_dir():
-            raise TinyGPTError(f"ckpt={p} is a directory; pass run_dir={p} for a run directory, or a .pt file as ckpt")
-        if not p.is_file():
-            raise TinyGPTError(f"checkpoint {p} does not exist; check the path, or pass run_dir=<run directory>")
-        return p
-    if run_dir:
-        d = Path(run_dir).expanduser()
-        if not d.is_dir():
-            raise TinyGPTError(f"run directory {d} does not exist; check the path, or omit run_dir to use the latest run")
-        return checkpoint_in_run(d)
-    return checkpoint_in_run(latest_run(runs_root))
-
-
-# --- where a training run starts from ----------------------------------------------------------
-
-AUTO, NEVER = "auto", "never"
-
-
-def parse_resume(value) -> str | Path:
-    """The `resume` setting, read in this one place: AUTO, NEVER, or the path it names."""
-    text = str(value).strip()
-    if value is not None and text == "":
-        raise TinyGPTError("resume= is empty; use resume=auto, resume=false, or a checkpoint / run directory")
-    if value is None or text.lower() in ("auto", "true", "none", "null"):
-        return AUTO
-    if text.lower() in ("false", "never"):
-        return NEVER
-    return Path(text).expanduser()
-
-
-def resume_source(resume, out_dir: Path, newest=latest, peek=None) -> Path | None:
-    """The checkpoint a training run starts from, per `resume`:
-    auto  - this run directory's newest checkpoint if it has one (rerunning a run continues it),
-    false - none; refuse to train into a directory that already holds a run,
-    path  - that checkpoint file, or the newest checkpoint of that run directory (the run
-            continues in the new directory; the old one is only read).
-    `peek(path)`: the checkpoint at path, when the caller has it already (read here otherwise)."""
-    mode = parse_resume(resume)
-    if mode == AUTO:
-        return newest(out_dir)
-    if mode == NEVER:
-        if has_run(out_dir):
-            raise TinyGPTError(f"{out_dir} already holds a run and resume=false; train into a new directory or use resume=auto")
-        return None
-    if mode.is_file():
-        source = mode
-    elif mode.is_dir():
-        source = latest(mode)
-        if source is None:
-            raise TinyGPTError(f"resume={mode}: the directory holds no ckpt-*.pt checkpoint to resume from")
-    else:
-        raise TinyGPTError(f"resume={resume!r} is neither auto, false, a checkpoint file nor a run directory")
-    own = newest(out_dir)
-    if own is None or source.resolve() == own.resolve():
-        return source
-    # This directory's run began from `resume` and has saved since (preempted, rerun with the
-    # same overrides): continue it, not the starting point again.
-    peek = peek or (lambda path: load(path, mmap=True))
-    if source.resolve().parent != own.resolve().parent and _same_path(peek(own).config.get("resume"), resume):
-        return own
-    # Any other trajectory here would overwrite its ckpt-<step> files (same step names) or have
-    # them pruned (retention keeps the highest steps): refuse rather than lose them.
-    raise TinyGPTError(
-        f"{out_dir} already holds a run (newest checkpoint {own.name}); continuing from {source} there would "
-        f"overwrite or prune its checkpoints: train into a new directory, or use resume=auto to continue that run"
-    )
-
-
-def _same_path(a, b) -> bool:
-    if not isinstance(a, str) or not isinstance(b, str):
-        return False
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

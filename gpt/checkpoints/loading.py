@@ -6,12 +6,12 @@ newest run under the runs folder). Used by sampling, evaluation, export and fine
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.nn as nn
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.config import PathsSettings
 from gpt.errors import TinyGPTError
@@ -36,7 +36,7 @@ def choose(
     """What the command-line choices (ckpt=, run_dir=, init_from=, else the newest run) name."""
     if init_from:
         return init_from
-    path = checkpoint.resolve(ckpt, run_dir, runs_dir or PathsSettings().runs_dir)
+    path = runs.resolve(ckpt, run_dir, runs_dir or PathsSettings().runs_dir)
     # A run directory, not its best.pt: `load` falls back to another of its checkpoints if that is damaged.
     return str(path if ckpt else path.parent.parent)
 
@@ -59,9 +59,9 @@ def check(source: str, what: str = "init_from") -> None:
     if not path.is_dir():
         checkpoint.load(path, mmap=True)
         return
-    checkpoint.checkpoint_in_run(path)  # refuses a directory without checkpoints
+    runs.checkpoint_in_run(path)  # refuses a directory without checkpoints
     reasons = []
-    for candidate in checkpoint.candidates_in_run(path):
+    for candidate in runs.candidates_in_run(path):
         try:
             checkpoint.load(candidate, mmap=True)
             return
@@ -95,9 +95,9 @@ def load(source: str, dropout: float | None = None, log=None) -> Loaded:
     if not path.is_dir():
         ckpt, model = _load_file(path, dropout)
         return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)
-    checkpoint.checkpoint_in_run(path)  # refuses a directory without checkpoints
+    runs.checkpoint_in_run(path)  # refuses a directory without checkpoints
     refused = []
-    for candidate in checkpoint.candidates_in_run(path):
+    for candidate in runs.candidates_in_run(path):
         try:
             ckpt, model = _load_file(candidate, dropout)
         except TinyGPTError as e:
@@ -115,95 +115,6 @@ def _load_file(path: Path, dropout: float | None) -> tuple[Checkpoint, nn.Module
         return ckpt, model_from_checkpoint(ckpt, dropout)
     except TinyGPTError as e:
         raise TinyGPTError(f"{path}: {e}") from None
-
-
-def resumable(path: Path) -> Checkpoint:
-    """The checkpoint at `path` (its tensors mapped, not read) if training can continue from it:
-    it loads, holds the training state, and its weights fit its own model; else a TinyGPTError
-    that says which. Checked before anything is written, and again for each step checkpoint of
-    a run that resumes, so that a damaged newest one is not where the run continues from."""
-    ckpt = checkpoint.load(path, mmap=True)
-    if ckpt.training is None:
-        raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
-    stamp = _stamp(path)
-    if stamp not in _FITS:
-        try:
-            model_from_checkpoint(ckpt)
-        except TinyGPTError as e:
-            raise TinyGPTError(f"{path}: {e}") from None
-        _FITS.add(stamp)
-    return ckpt
-
-
-# Checkpoints whose weights were seen to fit their model, by (path, size, mtime): the command's
-# preflight and the run's set-up ask about the same files, and building a large model to check
-# it is the costly part. (Only the verdict is kept: a kept checkpoint would hold its file open.)
-_FITS: set[tuple] = set()
-
-
-def _stamp(path: Path) -> tuple:
-    st = Path(path).stat()
-    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-
-
-def newest_resumable(run_dir: Path) -> tuple[Path | None, Checkpoint | None, list[tuple[Path, str]]]:
-    """The newest step checkpoint of `run_dir` that `resumable` accepts (its path and checkpoint),
-    and the newer ones it refused with the reason for each (for the caller to set aside and say
-    so); (None, None, []) for a run without checkpoints. A run whose checkpoints all fail is
-    refused: starting afresh there would overwrite or prune them."""
-    refused = []
-    for path in reversed(checkpoint.step_checkpoints(run_dir)):
-        try:
-            return path, resumable(path), refused
-        except TinyGPTError as e:
-            refused.append((path, str(e)))
-    if refused:
-        raise TinyGPTError(
-            f"{run_dir} holds checkpoints but none can be resumed from (newest: {refused[0][1]}); move "
-            f"{run_dir / checkpoint.CKPT_DIR} elsewhere to train afresh there, or train into a new directory"
-        )
-    return None, None, refused
-
-
-@dataclass
-class ResumePoint:
-    """Where a training run into `run_dir` continues from, found once: the command line finds it
-    before Hydra writes anything (and refuses a bad one), and the run's set-up takes it as found."""
-
-    run_dir: Path | None  # None: where the run goes is not known yet (only resume= is examined)
-    source: Path | None = None  # None: a new run
-    checkpoint: Checkpoint | None = None  # the source's (tensors mapped, not read)
-    refused: list[tuple[Path, str]] = field(default_factory=list)  # newer checkpoints of run_dir that cannot be resumed
-
-
-def resume_point(resume, run_dir: Path | None) -> ResumePoint:
-    """The checkpoint a training run into `run_dir` starts from per `resume` (auto | false | a
-    checkpoint or run directory: gpt.checkpoints.checkpoint.resume_source), each candidate examined once by
-    `resumable`; a TinyGPTError that says what is wrong otherwise."""
-    point, found = ResumePoint(Path(run_dir) if run_dir is not None else None), {}
-
-    def newest(folder: Path | None) -> Path | None:
-        if folder is None:
-            return None
-        path, ckpt, refused = newest_resumable(folder)
-        found[path] = ckpt
-        point.refused += refused
-        return path
-
-    given = checkpoint.parse_resume(resume)
-    if isinstance(given, Path) and given.is_file():  # first: what is wrong with it is the news
-        try:
-            found[given] = resumable(given)
-        except TinyGPTError as e:
-            raise TinyGPTError(f"resume={resume}: {e}") from None
-    peek = lambda path: found.get(path) or checkpoint.load(path, mmap=True)  # noqa: E731
-    point.source = checkpoint.resume_source(resume, point.run_dir, newest, peek)
-    if point.source is not None:
-        try:
-            point.checkpoint = found.get(point.source) or resumable(point.source)
-        except TinyGPTError as e:
-            raise TinyGPTError(f"resume={resume}: {e}") from None
-    return point
 
 
 def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:

@@ -1,37 +1,126 @@
-"""Data: text source -> tokenizer -> token shards (memmap) + meta.json -> batches.
+"""Data: a source's documents -> tokenizer -> prepared splits on disk -> batches.
 
-`load_data` is the one call the trainer makes; it downloads and prepares on first use and
-reuses prepared data (same fingerprint) afterwards. `python -m gpt.data data=<name>` prepares
-ahead of time. Conversations (records with `messages`, or Alpaca's fields) are prepared by
-gpt.data.chat with the chat template's loss mask instead.
+`load_data` is the one call the trainer makes; it downloads and prepares on first use and reuses
+prepared data (same fingerprint) afterwards. `python -m gpt.data data=<name>` prepares ahead of
+time. Two kinds of data, behind one interface (`Dataset`), so that training never asks which:
+
+- text (`Dataset`): token shards (gpt.data.prepare, gpt.data.shards), batches of random windows
+  of the context (gpt.data.loader);
+- conversations (`Conversations`): records with `messages` (or Alpaca's fields) rendered with the
+  chat template and its loss mask (gpt.data.chat), batches of whole conversations.
+
+    sources.py download.py   where documents come from
+    prepare.py shards.py     text -> token shards, and the shards' format (meta.json, checksums)
+    chat.py                  conversations -> ids + loss mask -> prepared splits -> batches
+    loader.py                random windows of tokens
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from gpt.config import DataSettings
-from gpt.data.prepare import FULL, STAMP, open_split, tokenizer_of
 from gpt.data.prepare import prepare as prepare_documents
+from gpt.data.shards import FULL, STAMP, open_split, tokenizer_of
 from gpt.data.sources import open_source
+from gpt.errors import TinyGPTError
 from gpt.tokenizers import Tokenizer, normalize_spec
 
 
 @dataclass
 class Dataset:
+    """Prepared text: `train` and `val` token shards (memmaps) and the tokenizer that made them."""
+
     name: str
-    train: list[np.ndarray]  # shards (memmaps)
+    train: list[np.ndarray]
     val: list[np.ndarray]
     tokenizer: Tokenizer
     meta: dict
-    chat: dict | None = None  # conversations: {"train": ChatSplit, "val": ChatSplit}
+    kind = "text"
 
     @staticmethod
     def tokens(shards: list[np.ndarray]) -> int:
         return sum(len(s) for s in shards)
+
+    def batches(self, split: str, block_size: int, batch_size: int, device, seed: int, rank: int = 0, world_size: int = 1):
+        """This rank's batches of a split (`next() -> (x, y)`, `state_dict()`): random windows of
+        the context, the same global draw on every rank (see RandomWindows)."""
+        from gpt.data.loader import RandomWindows
+
+        return RandomWindows(getattr(self, split), block_size, batch_size, device, seed=seed, rank=rank, world_size=world_size)
+
+    def check_fits(self, block_size: int) -> list[str]:
+        """Refuse a context the splits cannot fill; returns the notices to say (none for text)."""
+        for split, shards in (("train", self.train), ("val", self.val)):
+            longest = max((len(s) for s in shards), default=0)
+            if longest < block_size + 1:
+                raise TinyGPTError(
+                    f"model.block_size={block_size} is longer than the {split} split ({Dataset.tokens(shards)} tokens"
+                    f"{', in shards of at most ' + str(longest) if len(shards) > 1 else ''}); "
+                    f"use a block_size below {longest} or more data"
+                )
+        return []
+
+    def describe_step(self, rows: int, block_size: int) -> str:
+        """What one optimizer step takes, `rows` windows or conversations in all."""
+        return f"{rows * block_size:,} tokens/step"
+
+    def sample_prompt(self) -> tuple[list[int], str]:
+        """What training's samples continue (ids, and the text shown before them): nothing."""
+        return [], ""
+
+
+@dataclass
+class Conversations(Dataset):
+    """Prepared conversations: `splits` ({"train", "val"}: gpt.data.chat.ChatSplit), each split's
+    ids one after another as `train` / `val`."""
+
+    splits: dict = field(default_factory=dict)
+    length_buckets: int = 1  # batches drawn from this many groups of similar length (data.length_buckets)
+    kind = "chat"
+
+    def batches(self, split: str, block_size: int, batch_size: int, device, seed: int, rank: int = 0, world_size: int = 1):
+        """Whole conversations, padded to the longest of the batch (gpt.data.chat)."""
+        from gpt.data.chat import ConversationBatches
+
+        return ConversationBatches(
+            self.splits[split],
+            block_size,
+            batch_size,
+            device,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            length_buckets=self.length_buckets,
+        )
+
+    def check_fits(self, block_size: int) -> list[str]:
+        """Conversations longer than the context are left out, not cut (a cut reply would teach the
+        model to stop mid-answer, or never to end): how many, as a notice. (Every one too long:
+        the batches refuse it.)"""
+        parts = []
+        for split, conversations in self.splits.items():
+            too_long = int((conversations.lengths() > block_size + 1).sum())
+            if too_long:
+                parts.append(f"{too_long:,} of {len(conversations):,} {split}")
+        if not parts:
+            return []
+        return [
+            f"notice: conversations longer than the context ({block_size + 1} tokens) are left out: {', '.join(parts)}; "
+            f"a model with a longer context keeps them"
+        ]
+
+    def describe_step(self, rows: int, block_size: int) -> str:
+        return f"{rows:,} conversations/step (each padded to the longest of its length group)"
+
+    def sample_prompt(self) -> tuple[list[int], str]:
+        """The first val conversation up to its first reply, which the sample then writes."""
+        from gpt.data.chat import first_turn
+
+        return first_turn(self.splits["val"], self.tokenizer)
 
 
 def preparation_settings(data: DataSettings, identity: str) -> dict:
@@ -44,7 +133,7 @@ def load_data(
     data: DataSettings, data_root: str | Path, log=print, verify: str | None = None, base_tokenizer: dict | None = None
 ) -> Dataset:
     """Prepared data for `data` under `data_root`, preparing it first if need be (or again, if a
-    shard was damaged since). `verify`: how the shards' checksums are checked (gpt.data.prepare's
+    shard was damaged since). `verify`: how the shards' checksums are checked (gpt.data.shards'
     FULL, STAMP or SIZES); None: FULL if data.verify, else STAMP. `base_tokenizer`: the dict form
     of the tokenizer of the model a run starts from (init_from); conversations are tokenized
     with it (plus the chat template) whatever data.tokenizer says."""
@@ -80,7 +169,7 @@ def is_chat(data: DataSettings, data_root: Path) -> bool:
     return is_conversation(first_record(data.source, data_root))
 
 
-def _load_conversations(data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log) -> Dataset:
+def _load_conversations(data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log) -> Conversations:
     from gpt.data.chat import open_chat_split, prepare_conversations
     from gpt.data.sources import records
 
@@ -90,8 +179,10 @@ def _load_conversations(data: DataSettings, root: Path, identity: str, base_toke
     settings = {"identity": identity, "val_fraction": data.val_fraction, "seed": data.seed, "max_docs": data.max_docs}
     out_dir = root / data.name
     meta = prepare_conversations(_Lazy(lambda: records(data.source, root, log)), spec, out_dir, settings, log)
-    chat = {split: open_chat_split(out_dir, meta, split) for split in ("train", "val")}
-    return Dataset(data.name, [chat["train"].tokens], [chat["val"].tokens], tokenizer_of(meta), meta, chat)
+    splits = {split: open_chat_split(out_dir, meta, split) for split in ("train", "val")}
+    return Conversations(
+        data.name, [splits["train"].tokens], [splits["val"].tokens], tokenizer_of(meta), meta, splits, data.length_buckets
+    )
 
 
 class _Lazy:

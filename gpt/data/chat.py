@@ -37,11 +37,11 @@ import torch
 
 from gpt.chat.template import NAME as TEMPLATE
 from gpt.chat.template import check_messages, with_template
-from gpt.data.prepare import _crc32, _read_stamps, _stamp, fingerprint, token_dtype, write_stamps
+from gpt.data.shards import crc32, fingerprint, read_stamps, stamp, token_dtype, write_stamps
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.tokenizers import CharTokenizer, tokenizer_from_dict, tokenizer_identity, without_template
-from gpt.tokenizers.hf import train_bpe
+from gpt.tokenizers.bpe import train_bpe
 
 SPLITS = ("train", "val")
 FILES = ("tokens", "mask", "offsets")
@@ -179,7 +179,7 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
     }
     io.write_json(out_dir / "meta.json", meta)
     # checksummed as they were written: the next start needs not read them again
-    write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), {f"{k}.bin": _stamp(out_dir / f"{k}.bin") for k in sums})
+    write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), {f"{k}.bin": stamp(out_dir / f"{k}.bin") for k in sums})
     left_out = f"; {skipped:,} without an assistant turn left out" if skipped else ""
     log(
         f"prepared {n:,} conversations ({counts['train']['conversations']:,} train / {counts['val']['conversations']:,} val; "
@@ -215,20 +215,20 @@ def _fit(spec: dict, conversations, log):
 
 def read_meta(out_dir: Path, expected: str) -> dict | None:
     """The meta of intact prepared conversations with this fingerprint, or None. A file is read
-    for its CRC only when its stamp changed since it was last checked (gpt.data.prepare's stamps:
-    the text shards' mechanism), so a start does not reread a large conversation set."""
+    for its CRC only when its stamp changed since it was last checked (gpt.data.shards' stamps,
+    as for text shards), so a start does not reread a large conversation set."""
     try:
         raw = (out_dir / "meta.json").read_bytes()
         meta = json.loads(raw)
         if not isinstance(meta, dict) or meta.get("fingerprint") != expected or meta.get("kind") != "chat":
             return None
-        stamps, checked = _read_stamps(out_dir, raw), {}
+        stamps, checked = read_stamps(out_dir, raw), {}
         for key, crc in meta["crc32"].items():
             path = out_dir / f"{key}.bin"
-            stamp = _stamp(path)
-            if stamps.get(path.name) != stamp and _crc32(path) != crc:
+            seen = stamp(path)
+            if stamps.get(path.name) != seen and crc32(path) != crc:
                 return None
-            checked[path.name] = stamp
+            checked[path.name] = seen
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if checked != stamps:

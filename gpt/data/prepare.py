@@ -7,24 +7,14 @@
 3. Write each split as shards of at most `shard_tokens` tokens (uint16 when the vocabulary fits,
    else uint32), then meta.json.
 
-`meta.json` is the commit marker: it is written last, atomically, and only a meta whose
-fingerprint matches the requested settings *and* whose shards have the recorded sizes and CRC-32
-checksums counts as prepared data (a shard damaged since, same size or not, is prepared again).
-A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next run prepares again
-from scratch, deterministically, to the same token stream.
-
-Reading every shard for its checksum at every start would cost minutes on a large corpus, so a
-shard checked once is stamped (`verified.json`: its size, mtime, inode and ctime, with the hash
-of the meta it was checked against), and later starts check the CRC of a shard only when its
-stamp changed: any write to a shard, or a copy put in its place, changes it. `verify=FULL`
-(data.verify=true) checks every shard anyway, for damage no stamp sees (bit rot on the disk).
+The files and how they are checked (meta.json as the commit marker, stamps, checksums):
+gpt.data.shards. A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next
+run prepares again from scratch, deterministically, to the same token stream.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -36,118 +26,25 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt.data.shards import (
+    FORMAT_VERSION,
+    SPLITS,
+    STAMP,
+    STAMPS,
+    fingerprint,
+    read_meta,
+    shard_name,
+    stamp,
+    token_dtype,
+    write_stamps,
+    write_tokens,
+)
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
-from gpt.tokenizers.hf import train_bpe, training_sample
+from gpt.tokenizers.bpe import train_bpe, training_sample
 
-FORMAT_VERSION = 2
-SPLITS = ("train", "val")
 _CHUNK_DOCS = 256  # documents per task sent to a worker process
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
-
-
-def fingerprint(settings: dict) -> str:
-    blob = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def shard_name(split: str, i: int) -> str:
-    return f"{split}-{i:04d}.bin"
-
-
-FULL, STAMP, SIZES = "full", "stamp", "sizes"  # how read_meta checks the shards
-STAMPS = "verified.json"
-
-
-def read_meta(out_dir: Path, expected_fingerprint: str, verify: str = STAMP, log=print) -> dict | None:
-    """The meta of complete, matching, intact prepared data in out_dir, or None. Every shard must
-    have its recorded size; `verify` says how its bytes are checked against its CRC-32: FULL every
-    shard, STAMP those whose size or mtime changed since they were last checked (see the
-    module's docstring), SIZES none (another process of this node just checked them). Data
-    prepared before CRCs were recorded is taken on its sizes. Says which shard failed."""
-    try:
-        raw = (out_dir / "meta.json").read_bytes()
-        meta = json.loads(raw)
-        if not isinstance(meta, dict) or meta.get("fingerprint") != expected_fingerprint:
-            return None
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        stamps = _read_stamps(out_dir, raw) if verify == STAMP else {}
-        checked = {}
-        for split in SPLITS:
-            sums = meta.get("crc32", {}).get(split) if verify != SIZES else None
-            for i, n in enumerate(meta["shards"][split]):
-                path = out_dir / shard_name(split, i)
-                if not path.exists() or path.stat().st_size != n * itemsize:
-                    return None
-                if sums is None:
-                    continue
-                stamp = _stamp(path)
-                if stamps.get(path.name) != stamp and _crc32(path) != sums[i]:
-                    log(f"notice: {path} no longer matches its checksum (damaged since it was prepared); preparing again")
-                    return None
-                checked[path.name] = stamp
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
-        return None
-    if checked and checked != stamps:
-        write_stamps(out_dir, raw, checked)
-    return meta
-
-
-def _stamp(path: Path) -> list[int]:
-    """Size, mtime, and the inode and ctime, which no copy can restore (cp -p, rsync -a and tar
-    set the mtime back, not the ctime): a shard replaced or rewritten in any way has a new stamp."""
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
-
-
-def _read_stamps(out_dir: Path, meta_bytes: bytes) -> dict:
-    """The stamps of the shards last checked against this very meta ({} if none, or another's)."""
-    try:
-        record = json.loads((out_dir / STAMPS).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(record, dict) or record.get("meta") != _digest(meta_bytes) or not isinstance(record.get("shards"), dict):
-        return {}
-    return record["shards"]
-
-
-def write_stamps(out_dir: Path, meta_bytes: bytes, stamps: dict) -> None:
-    """Record the shards just checked (or written). A data root that cannot be written (shared,
-    read-only) just gets no stamps: every start then checks every shard, as before."""
-    try:
-        io.write_json(out_dir / STAMPS, {"meta": _digest(meta_bytes), "shards": stamps})
-    except OSError:
-        pass
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _crc32(path: Path, chunk: int = 16 << 20) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            crc = zlib.crc32(block, crc)
-    return crc
-
-
-def open_split(out_dir: Path, meta: dict, split: str) -> list[np.memmap]:
-    """The shards of a split as read-only memmaps: nothing is loaded into RAM."""
-    dtype = np.dtype(meta["dtype"])
-    return [np.memmap(out_dir / shard_name(split, i), dtype=dtype, mode="r") for i, n in enumerate(meta["shards"][split]) if n]
-
-
-def tokenizer_of(meta: dict) -> Tokenizer:
-    return tokenizer_from_dict(meta["tokenizer"])
-
-
-def _write_tokens(path: Path, tokens: np.ndarray) -> None:
-    io.write_bytes(path, tokens.tobytes())
 
 
 # --- tokenization in worker processes ----------------------------------------------------------
@@ -265,7 +162,7 @@ def prepare(
     }
     io.write_json(out_dir / "meta.json", meta)
     # The shards were checksummed as they were written: the next start needs not read them again.
-    stamps = {shard_name(split, i): _stamp(out_dir / shard_name(split, i)) for split in SPLITS for i in range(len(shards[split]))}
+    stamps = {shard_name(split, i): stamp(out_dir / shard_name(split, i)) for split in SPLITS for i in range(len(shards[split]))}
     write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), stamps)
     log(
         f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
@@ -417,7 +314,7 @@ def _write_shards(out_dir: Path, split: str, pieces: list[np.ndarray], shard_tok
     def flush():
         nonlocal buffer, filled
         tokens = np.concatenate(buffer) if buffer else np.zeros(0, pieces[0].dtype if pieces else np.uint16)
-        _write_tokens(out_dir / shard_name(split, len(sizes)), tokens)
+        write_tokens(out_dir / shard_name(split, len(sizes)), tokens)
         sizes.append(filled)
         sums.append(zlib.crc32(tokens.tobytes()))
         buffer, filled = [], 0

@@ -115,7 +115,7 @@ def export(model: GPT, tokenizer, out: Path) -> None:
         "n_embd": c.n_embd,
         "n_layer": c.n_layer,
         "n_head": c.n_head,
-        "n_inner": None if c.hidden == 4 * c.n_embd else c.hidden,
+        "n_inner": None if c.mlp_hidden == 4 * c.n_embd else c.mlp_hidden,
         "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
@@ -138,16 +138,16 @@ def cannot_export(c) -> str | None:
         return f"it is a recurrent model ({getattr(c, 'arch', type(c).__name__)}), and GPT-2 is a transformer"
     if c.pos_encoding != "learned":
         return f"model.pos_encoding={c.pos_encoding} (GPT-2 adds a learned position table; pos_encoding=learned)"
-    if c.kv_heads != c.n_head:
+    if c.n_kv_head != c.n_head:
         return f"model.n_kv_head={c.n_kv_head} (grouped-query attention; GPT-2 has as many key/value heads as query heads)"
     if not c.bias:
         return "model.bias=false (GPT-2's linear layers and LayerNorms have biases)"
-    if not c.attn_bias:
+    if not c.qkv_bias:
         return "model.qkv_bias=false (GPT-2's q, k and v have biases like its other layers)"
     gpt2 = GPTConfig()
     for name in ("norm", "mlp", "qk_norm", "logit_softcap"):
         if getattr(c, name) != getattr(gpt2, name):
             return f"model.{name}={getattr(c, name)} (GPT-2's block has {name}={getattr(gpt2, name)})"
-    if c.dim_per_head * c.n_head != c.n_embd:
+    if c.head_dim * c.n_head != c.n_embd:
         return f"model.head_dim={c.head_dim} (GPT-2's heads split n_embd)"
     return None

@@ -175,7 +175,7 @@ def family_of(c: GPTConfig) -> str:
     on q, k and v alone, else llama."""
     if c.qk_norm:
         return "qwen3"
-    if c.attn_bias and not c.bias:
+    if c.qkv_bias and not c.bias:
         return "qwen2"
     return "llama"
 
@@ -188,9 +188,9 @@ def cannot_export(c) -> str | None:
     for name, value in needs.items():
         if getattr(c, name) != value:
             return f"model.{name}={getattr(c, name)} (Llama's block has {name}={value})"
-    if c.bias and not c.attn_bias:
+    if c.bias and not c.qkv_bias:
         return "model.qkv_bias=false with model.bias=true (Llama's attention_bias puts biases on q, k, v and o alike)"
-    if c.qk_norm and (c.bias or c.attn_bias):
+    if c.qk_norm and (c.bias or c.qkv_bias):
         return "model.bias or model.qkv_bias with model.qk_norm (Qwen3, the class with QK-norm, has no such biases here)"
     return None
 
@@ -204,7 +204,7 @@ def export(model: GPT, tokenizer, out: Path) -> str:
     theirs_of = {ours: theirs for theirs, ours in GLOBAL.items()}
     for i in range(c.n_layer):
         theirs_of.update({ours: theirs for theirs, ours in _names(i).items()})
-    q_dim, kv_dim = c.n_head * c.dim_per_head, c.kv_heads * c.dim_per_head
+    q_dim, kv_dim = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
     state = {}
     for key, value in model.state_dict().items():
         if key == "lm_head.weight":
@@ -223,11 +223,11 @@ def export(model: GPT, tokenizer, out: Path) -> str:
         "architectures": [ARCHITECTURES[family]],
         "vocab_size": c.vocab_size,
         "hidden_size": c.n_embd,
-        "intermediate_size": c.hidden,
+        "intermediate_size": c.mlp_hidden,
         "num_hidden_layers": c.n_layer,
         "num_attention_heads": c.n_head,
-        "num_key_value_heads": c.kv_heads,
-        "head_dim": c.dim_per_head,
+        "num_key_value_heads": c.n_kv_head,
+        "head_dim": c.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": c.block_size,
         "rms_norm_eps": c.norm_eps,

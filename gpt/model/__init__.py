@@ -1,5 +1,5 @@
-"""A decoder-only GPT, readable top to bottom: config.py (the shape and the block's options),
-layers.py (norms, feed-forward networks, position tables), attention.py (causal self-attention,
+"""A decoder-only GPT, readable top to bottom: gpt/config/model.py (GPTConfig: the shape and the
+block's options, declared once for the settings and the model), layers.py (norms, feed-forward networks, position tables), attention.py (causal self-attention,
 the KV cache), gpt.py (the block and the model).
 
     tokens -> token embedding (+ positional embedding) -> dropout
@@ -19,8 +19,9 @@ No Hydra and no file I/O here: the model is built from a plain `GPTConfig` so it
 from a notebook, a test or another framework.
 """
 
-from gpt.model.attention import CausalSelfAttention, KVCache
-from gpt.model.config import ATTENTION_IMPLS, MLPS, NORMS, POS_ENCODINGS, GPTConfig
+from gpt.config.model import ATTENTION_IMPLS, MLPS, NORMS, POS_ENCODINGS, GPTConfig
+from gpt.model.attention import CausalSelfAttention
+from gpt.model.cache import KVCache
 from gpt.model.gpt import GPT, Block, next_token_loss
 from gpt.model.layers import MLP, RMSNorm, SwiGLU, apply_rope, make_mlp, make_norm, rope_tables, sinusoidal_table
 

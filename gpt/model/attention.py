@@ -1,5 +1,5 @@
-"""Causal multi-head self-attention, A = softmax(QK^T / sqrt(d_k)) V, and the KV cache that
-lets generation run one position at a time."""
+"""Causal multi-head self-attention, A = softmax(QK^T / sqrt(d_k)) V, reading and filling the KV
+cache (gpt.model.cache) when generation runs one position at a time."""
 
 from __future__ import annotations
 
@@ -9,37 +9,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.model.config import GPTConfig
+from gpt.config.model import GPTConfig
+from gpt.model.cache import KVCache
 from gpt.model.layers import apply_rope, make_norm
-
-
-class KVCache:
-    """Keys and values of positions already processed, so that generating the next token costs
-    one position's work instead of the whole context's.
-
-    One (B, n_kv_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype
-    the layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
-    the number of padding columns in front of row b, which no query ever attends to.
-    """
-
-    def __init__(self, n_layer: int, max_len: int, pad: torch.Tensor):
-        self.max_len = max_len
-        self.pad = pad  # (B,) long
-        self.min_pad = int(pad.min())
-        self.length = 0  # columns filled so far
-        self.k: list[torch.Tensor | None] = [None] * n_layer
-        self.v: list[torch.Tensor | None] = [None] * n_layer
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's keys/values at the current columns; return all columns so far."""
-        if self.k[layer] is None:
-            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
-            self.k[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            self.v[layer] = torch.zeros(shape, dtype=v.dtype, device=v.device)
-        end = self.length + k.size(2)
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,8 +21,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx  # which KV-cache slot is ours
         self.n_head = config.n_head
-        self.n_kv_head = config.kv_heads
-        self.head_dim = config.dim_per_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
         self.impl = config.attention
         self.rope = config.pos_encoding == "rope"
         self.dropout = config.dropout
@@ -59,7 +31,7 @@ class CausalSelfAttention(nn.Module):
         # Q=XWq, K=XWk, V=XWv computed as one matmul with the three weights stacked. With
         # grouped-query attention K and V have fewer heads than Q (a smaller KV cache).
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        self.c_attn = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.attn_bias)
+        self.c_attn = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.qkv_bias)
         self.c_proj = nn.Linear(q_dim, config.n_embd, bias=config.bias)
         # QK-norm: each head's queries and keys normalised (one gain per channel, shared by the
         # heads), so that attention logits cannot grow without bound as the weights do.

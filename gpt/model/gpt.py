@@ -8,8 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.model.attention import CausalSelfAttention, KVCache
-from gpt.model.config import GPTConfig
+from gpt.config.model import GPTConfig
+from gpt.errors import TinyGPTError
+from gpt.model.attention import CausalSelfAttention
+from gpt.model.cache import KVCache
 from gpt.model.layers import make_mlp, make_norm, rope_tables, sinusoidal_table
 
 
@@ -41,6 +43,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        if config.vocab_size is None:
+            raise TinyGPTError("GPTConfig.vocab_size is null: set it (a run takes the tokenizer's) before building the model")
         self.config = config
         layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
         if config.pos_encoding == "learned":
@@ -55,7 +59,7 @@ class GPT(nn.Module):
         if config.pos_encoding == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
         if config.pos_encoding == "rope":
-            cos, sin = rope_tables(config.block_size, config.dim_per_head, config.rope_theta)
+            cos, sin = rope_tables(config.block_size, config.head_dim, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -101,7 +105,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
             pos = torch.arange(T, device=idx.device)
         else:
-            pos, mask = self._cached_positions(cache, T, idx.device)
+            pos, mask = cache.positions(T, self.config.block_size, idx.device)
         x = self.transformer.wte(idx)
         rope = None
         if self.config.pos_encoding == "learned":
@@ -116,7 +120,7 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, cache, mask, rope)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         if last_only:
             x = x[:, -1:, :]
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -124,23 +128,6 @@ class GPT(nn.Module):
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits.float() / cap)
         return logits, next_token_loss(logits, targets)
-
-    def _cached_positions(self, cache: KVCache, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids (B, T) and attention mask (B, 1, T, columns) for T new columns.
-
-        Row b's first real token sits at column pad[b] and gets position 0. A query at column c
-        sees columns pad[b]..c; a padding query sees only itself (its output is never used, but
-        a row with nothing to attend to would turn into NaNs)."""
-        start = cache.length
-        if start + T > cache.max_len or start + T - cache.min_pad > self.config.block_size:
-            raise ValueError(f"KV cache holds {start} columns; {T} more exceed its size or block_size")
-        q_col = torch.arange(start, start + T, device=device)
-        k_col = torch.arange(start + T, device=device)
-        pad = cache.pad.to(device)
-        pos = (q_col[None, :] - pad[:, None]).clamp(min=0)
-        visible = (k_col[None, None, :] <= q_col[None, :, None]) & (k_col[None, None, :] >= pad[:, None, None])
-        visible |= k_col[None, None, :] == q_col[None, :, None]
-        return pos, visible[:, None]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; tied weights count once. `non_embedding` drops the position table
@@ -158,7 +145,7 @@ class GPT(nn.Module):
         matmuls."""
         c = self.config
         T = seq_len or c.block_size
-        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_head * c.dim_per_head * T
+        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_head * c.head_dim * T
 
     @torch.no_grad()
     def attention_maps(self, idx: torch.Tensor) -> list[torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.model.config import GPTConfig
+from gpt.config.model import GPTConfig
 
 # --- normalisation (model.norm) --------------------------------------------------------------
 
@@ -51,10 +51,10 @@ class MLP(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.hidden, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.act = ReLU2() if config.mlp == "relu2" else gelu
-        self.c_proj = nn.Linear(config.hidden, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,9 +67,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_gate = nn.Linear(config.n_embd, config.hidden, bias=config.bias)
-        self.c_fc = nn.Linear(config.n_embd, config.hidden, bias=config.bias)  # up
-        self.c_proj = nn.Linear(config.hidden, config.n_embd, bias=config.bias)  # down
+        self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)  # up
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)  # down
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

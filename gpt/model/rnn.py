@@ -11,56 +11,15 @@ nn.GRU kernels (cuDNN on GPUs), on the same parameters, so checkpoints work with
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.config.model import RECURRENT, RNNConfig
 from gpt.errors import TinyGPTError
 from gpt.model import next_token_loss
 
-ARCHS = ("rnn", "lstm", "gru")
-
-
-@dataclass
-class RNNConfig:
-    arch: str = "lstm"  # rnn (Elman) | lstm | gru
-    vocab_size: int = 65
-    block_size: int = 64  # training window (truncated backprop through time); sampling has no limit
-    n_layer: int = 2
-    n_embd: int = 128  # token embedding size
-    n_hidden: int = 256  # hidden state size
-    dropout: float = 0.0  # on the embeddings, between layers and before the head
-    impl: str = "fused"  # fused (torch kernels) | explicit (the step equations below, for study)
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise TinyGPTError(f"model.arch={self.arch!r} is not recurrent; use one of {', '.join(ARCHS)}")
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_hidden"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TinyGPTError(f"model.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise TinyGPTError(f"model.dropout must be a number in [0, 1), got {self.dropout!r}")
-        if self.impl not in ("fused", "explicit"):
-            raise TinyGPTError(f"model.impl={self.impl!r} is unknown; use fused or explicit")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RNNConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known - {"name"})
-        if unknown:
-            raise TinyGPTError(
-                f"unknown model setting(s) {', '.join('model.' + k for k in unknown)} for a recurrent model; known: {', '.join(sorted(known))}"
-            )
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def summary(self) -> str:
-        return f"{self.arch} {self.n_layer}L hidden {self.n_hidden} embd {self.n_embd} window {self.block_size}"
+ARCHS = RECURRENT  # the arch names of the recurrent configs
 
 
 # --- one time step of each cell, as in the textbook (weights in PyTorch's layout) ----------------
@@ -121,6 +80,8 @@ class RecurrentLM(nn.Module):
 
     def __init__(self, config: RNNConfig):
         super().__init__()
+        if config.vocab_size is None:
+            raise TinyGPTError("RNNConfig.vocab_size is null: set it (a run takes the tokenizer's) before building the model")
         self.config = config
         kind = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}[config.arch]
         extra = {"nonlinearity": "tanh"} if config.arch == "rnn" else {}

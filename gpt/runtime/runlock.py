@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
-from gpt.tracking import STALE_AFTER
 
 LOCK = ".lock"
+STALE_AFTER = 7200.0  # seconds without a heartbeat after which a run written on another host is stale
 
 
 def _started(pid: int) -> str | None:

@@ -18,7 +18,7 @@ import math
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpt.config import RunConfig, ScalingConfig
@@ -50,7 +50,7 @@ def shapes(settings: RunConfig, depths, vocab_size: int) -> dict[int, dict]:
 
     out = {}
     for depth in depths:
-        config = registry.config_from_settings(replace(settings.model, depth=depth), vocab_size=vocab_size)
+        config = registry.with_vocab(settings.model.changed(depth=depth), vocab_size)
         with torch.device("meta"):
             out[depth] = compute.counts(registry.build(config))
     return out
@@ -93,7 +93,7 @@ def launch(out: Path, s: ScalingConfig, overrides: list[str], log) -> int:
     console); returns its exit status (1: some jobs failed, which the fit can live with). A
     SIGTERM to this process is passed on, so the running job saves and the sweep stops cleanly;
     Ctrl-C reaches the child from the terminal itself."""
-    from gpt.apps.train import override_value
+    from gpt.config.overrides import override_value
 
     # Every key but the two that set a job apart is left out of its folder's name.
     keys = sorted(k for k in _keys(overrides) if not k.startswith("hydra"))
@@ -116,7 +116,7 @@ def launch(out: Path, s: ScalingConfig, overrides: list[str], log) -> int:
 
 def train_one(run_dir: Path, depth: int, budget: float, overrides: list[str]) -> int:
     """One run of `tinygpt train` into run_dir (the prediction's check); its exit status."""
-    from gpt.apps.train import override_value
+    from gpt.config.overrides import override_value
 
     command = [sys.executable, "-m", "gpt", "train", f"hydra.run.dir={override_value(str(run_dir))}"]
     return _run_child([*command, f"model.depth={depth}", f"train.flops_budget={budget_text(budget)}", *overrides])
@@ -169,7 +169,7 @@ def job_folders(runs: Path) -> dict[tuple[int, float], Path]:
 
 def collect(out: Path, jobs: list[Job]) -> Collected:
     """The finished jobs as fit points, and what became of the others, by job label."""
-    from gpt.tracking import status_of
+    from gpt.tracking.records import status_of
 
     folders = job_folders(out / RUNS)
     points, failed, unfinished, seconds = [], {}, {}, 0.0
@@ -206,6 +206,6 @@ def nearest_depth(settings: RunConfig, params: float, vocab_size: int) -> tuple[
 
 
 def read_summary(run_dir: Path) -> dict:
-    from gpt.tracking import _read_json
+    from gpt.tracking import read_json
 
-    return _read_json(run_dir / "summary.json")
+    return read_json(run_dir / "summary.json")

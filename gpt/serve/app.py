@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,6 +31,7 @@ from gpt.config import SamplingSettings, ServeConfig
 from gpt.errors import TinyGPTError
 from gpt.generation import encode_prompt
 from gpt.serve.engine import Engine, Job
+from gpt.serve.replies import ChatReply, EventStream, Reply, stream
 from gpt.serve.schemas import CONTROLS, ChatCompletionRequest, CompletionRequest, describe, error_body
 
 logger = logging.getLogger("tinygpt")
@@ -108,7 +109,7 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
         _check_limits(req, settings)
         prompts, n_prompt_tokens = _encode(req, served, settings)
         return await run(
-            request, req, served, prompts, _sampling(req), _Reply(req, served.id, len(prompts) * req.n, n_prompt_tokens)
+            request, req, served, prompts, _sampling(req), Reply(req, served.id, len(prompts) * req.n, n_prompt_tokens)
         )
 
     @app.post("/v1/chat/completions")
@@ -124,10 +125,10 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
             raise ApiError(
                 400, f"max_tokens {max_tokens} exceeds this server's limit of {settings.max_tokens}", param="max_tokens"
             )
-        reply = _ChatReply(req, served.id, req.n, len(prompt))
+        reply = ChatReply(req, served.id, req.n, len(prompt))
         return await run(request, req, served, [prompt], _sampling(req, max_tokens), reply)
 
-    async def run(request: Request, req, served: ServedModel, prompts: list[list[int]], sampling, reply: _Reply):
+    async def run(request: Request, req, served: ServedModel, prompts: list[list[int]], sampling, reply: Reply):
         """Queue the job and answer: a stream of events, or the whole reply once done."""
         if req.stream and streams["open"] >= settings.max_streams:
             raise ApiError(
@@ -153,13 +154,13 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
                 job.cancel()  # a no-op once finished; else the client has gone: free its rows
                 streams["open"] -= 1
 
-            return _EventStream(_stream(events, reply), closed)
+            return EventStream(stream(events, reply), closed)
         return await _whole(request, job, events, reply)
 
     return app
 
 
-async def _whole(request: Request, job: Job, events: asyncio.Queue, reply: _Reply):
+async def _whole(request: Request, job: Job, events: asyncio.Queue, reply: Reply):
     """The answer of a request that does not stream, once every row has ended."""
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job, events))
     try:
@@ -337,59 +338,6 @@ def _chat_prompt(req: ChatCompletionRequest, served: ServedModel, settings: Serv
     return ids
 
 
-class _Reply:
-    """Collects a job's events into OpenAI's completion objects."""
-
-    def __init__(self, req: CompletionRequest, model_id: str, rows: int, prompt_tokens: int):
-        self.id, self.created, self.model = f"cmpl-{secrets.token_hex(12)}", int(time.time()), model_id
-        self.texts, self.reasons = [""] * rows, [None] * rows
-        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
-        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        self.error: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.error is not None or all(r is not None for r in self.reasons)
-
-    def take(self, batch: list) -> list[dict]:
-        """Apply events (of one step or several); the choices they change, as a streamed chunk's
-        choice entries: one per choice, with all its new text and, at its end, the reason."""
-        out: dict[int, dict] = {}
-        for event in batch:
-            if event[0] == "error":
-                self.error = event[1]
-                continue
-            choice = event[1]
-            entry = out.setdefault(choice, {"text": "", "index": choice, "logprobs": None, "finish_reason": None})
-            if event[0] == "text":
-                self.texts[choice] += event[2]
-                entry["text"] += event[2]
-            elif event[0] == "end":
-                self.reasons[choice] = entry["finish_reason"] = event[2]
-                self.completion_tokens += event[3]
-        return list(out.values())
-
-    def usage(self) -> dict:
-        total = self.prompt_tokens + self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
-
-    OBJECT, CHUNK = "text_completion", "text_completion"  # the objects' names, whole and streamed
-
-    def choice(self, index: int, text: str, reason: str | None) -> dict:
-        return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
-
-    def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        body = {"id": self.id, "object": self.CHUNK, "created": self.created, "model": self.model, "choices": choices}
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-    def body(self) -> dict:
-        choices = [self.choice(i, t, r) for i, (t, r) in enumerate(zip(self.texts, self.reasons))]
-        body = {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model, "choices": choices}
-        return {**body, "usage": self.usage()}
-
-
 async def _cancel_on_disconnect(request: Request, job: Job, events: asyncio.Queue) -> None:
     """Once the body is read, the next ASGI message is the client's disconnect: the job is then
     cancelled (its rows leave the batch) and the waiting handler woken."""
@@ -397,60 +345,3 @@ async def _cancel_on_disconnect(request: Request, job: Job, events: asyncio.Queu
         pass
     job.cancel()
     events.put_nowait([])
-
-
-class _EventStream(StreamingResponse):
-    """A server-sent event stream that calls `closed` however it ends: finished, failed, or its
-    client gone (Starlette then cancels it, possibly before the first event)."""
-
-    def __init__(self, content, closed):
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.closed = closed
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.closed()
-
-
-async def _stream(events: asyncio.Queue, reply: _Reply):
-    """Server-sent events: a chunk per decoding step that made new text (token by token, as
-    OpenAI streams; also under load, when steps come faster than chunks go out), the usage when
-    asked for, then `data: [DONE]`."""
-    while not reply.finished:
-        choices = reply.take(await events.get())
-        if reply.error:
-            yield f"data: {json.dumps(error_body(reply.error, 'server_error'))}\n\n"
-            break
-        if choices:
-            yield reply.chunk(choices)
-    else:
-        if reply.include_usage:
-            yield reply.chunk([], reply.usage())
-    yield "data: [DONE]\n\n"
-
-
-class _ChatReply(_Reply):
-    """The same events as chat.completion objects: a message per choice, or streamed deltas
-    (the first of each choice carries its role)."""
-
-    def __init__(self, req, model_id: str, rows: int, prompt_tokens: int):
-        super().__init__(req, model_id, rows, prompt_tokens)
-        self.id = f"chatcmpl-{secrets.token_hex(12)}"
-        self._started: set[int] = set()
-
-    def take(self, batch: list) -> list[dict]:
-        out = []
-        for entry in super().take(batch):
-            delta = {"content": entry["text"]} if entry["text"] else {}
-            if entry["index"] not in self._started:
-                self._started.add(entry["index"])
-                delta = {"role": "assistant", "content": entry["text"]}
-            out.append({"index": entry["index"], "delta": delta, "logprobs": None, "finish_reason": entry["finish_reason"]})
-        return out
-
-    OBJECT, CHUNK = "chat.completion", "chat.completion.chunk"
-
-    def choice(self, index: int, text: str, reason: str | None) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}

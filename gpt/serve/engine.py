@@ -28,8 +28,9 @@ import torch
 
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.generation import TextRow, advance_text, decode_safe, next_tokens
-from gpt.model import GPT, KVCache
+from gpt.generation import TextStream, next_tokens
+from gpt.model import GPT
+from gpt.model.cache import KVCache
 
 logger = logging.getLogger("tinygpt")
 
@@ -68,10 +69,11 @@ class Job:
 class _Slot:
     """One row of the batch: a choice of a job being generated."""
 
-    def __init__(self, job: Job, choice: int, prompt: list[int], vocab_size: int, device):
+    def __init__(self, job: Job, choice: int, prompt: list[int], tokenizer, vocab_size: int, device):
         self.job, self.choice = job, choice
         self.tokens = list(prompt)  # what the model reads: prompt + every sampled token
-        self.text = TextRow()  # generated ids and the text shown so far (gpt.generation's bookkeeping)
+        # where the text ends and what of it may be shown: decided as for sample.py and chat
+        self.text = TextStream(tokenizer, job.settings.stop, job.settings.stop_at_eot)
         self.steps = 0  # tokens sampled
         seed = job.settings.seed + choice % job.n
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -106,8 +108,6 @@ class Engine:
         self.n_layer = model.config.n_layer
         self.device = next(model.parameters()).device
         self.max_batch, self.max_queue, self.autocast, self.observe = max_batch, max_queue, autocast, observe
-        # End-of-text ends a row; under a chat template, so does the end of a turn (as in generation).
-        self.stops = getattr(tokenizer, "stop_ids", None) or {getattr(tokenizer, "eot_id", None)}
         self._pending: deque[Job] = deque()
         self._wake = threading.Condition()
         self._slots: list[_Slot] = []  # rows in the cache, in its row order
@@ -209,7 +209,10 @@ class Engine:
                 self._pending.popleft()
                 self.stats["jobs"] += 1
                 vocab = self.model.config.vocab_size
-                joining += [_Slot(job, c, job.prompts[c // job.n][-self.block :], vocab, self.device) for c in range(job.rows)]
+                joining += [
+                    _Slot(job, c, job.prompts[c // job.n][-self.block :], self.tokenizer, vocab, self.device)
+                    for c in range(job.rows)
+                ]
         return joining
 
     def _prefill(self, joining: list[_Slot]) -> torch.Tensor:
@@ -221,7 +224,7 @@ class Engine:
         ids = torch.tensor([[0] * (width - len(s.tokens)) + s.tokens for s in joining], device=self.device)
         cache = KVCache(self.n_layer, self.block + int(pad.min()), pad)
         logits = self.model(ids, cache=cache, last_only=True)[0][:, -1, :].float()
-        self._cache = cache if self._cache is None else _merge(self._cache, cache, self.block)
+        self._cache = cache if self._cache is None else self._cache.merge(cache, self.block)
         return logits
 
     def _drop(self, leaving: list[_Slot], cancelled: bool = False) -> None:
@@ -236,7 +239,7 @@ class Engine:
         if len(keep) == len(self._slots):
             return
         self._slots = [self._slots[i] for i in keep]
-        self._cache = _select(self._cache, keep, self.block) if keep else None
+        self._cache = self._cache.select(keep, self.block) if keep else None
 
     def _sample_and_emit(self, rows: list[_Slot], logits: torch.Tensor) -> None:
         vocab_limit = self.tokenizer.vocab_size
@@ -260,25 +263,17 @@ class Engine:
                 _emit(job, evs)
 
     def _advance(self, slot: _Slot, tok: int) -> tuple[str, str | None]:
-        """Record a sampled token; the text it releases and, if the row ends, why (mirrors
-        gpt.generation._generate_rows, so the text is the same)."""
-        cfg, row = slot.job.settings, slot.text
+        """Record a sampled token; the text it releases and, if the row ends, why (its text and
+        its end decided by gpt.generation's TextStream, as for sample.py and chat)."""
         slot.tokens.append(tok)
         slot.steps += 1
         if slot.seen is not None:
             slot.seen[tok] = True
-        if cfg.stop_at_eot and tok in self.stops:
-            piece = self.tokenizer.decode(row.ids)[len(row.emitted) :]
-            row.emitted += piece
+        piece = slot.text.push(tok)
+        if slot.text.done:
             return piece, "stop"
-        row.ids.append(tok)
-        piece = advance_text(row, decode_safe(self.tokenizer, row.ids), cfg.stop)
-        if row.done:
-            return piece, "stop"
-        if slot.steps >= cfg.max_new_tokens:  # flush what was held back, now that nothing follows
-            rest = self.tokenizer.decode(row.ids)[len(row.emitted) :]
-            row.emitted += rest
-            return piece + rest, "length"
+        if slot.steps >= slot.job.settings.max_new_tokens:  # flush what was held back, now that nothing follows
+            return piece + slot.text.flush(), "length"
         return piece, None
 
 
@@ -307,46 +302,3 @@ def _choose(rows: list[_Slot], logits: torch.Tensor) -> list[int]:
         for i, tok in zip(idx, picks):
             chosen[i] = tok
     return chosen
-
-
-# --- the batch's KV cache: rows in, rows out ---------------------------------------------------
-
-
-def _rebuild(k: list[torch.Tensor], v: list[torch.Tensor], pad: torch.Tensor, length: int, max_len: int) -> KVCache:
-    """A cache holding the first `length` columns of k/v, with room for max_len columns."""
-    cache = KVCache(len(k), max_len, pad)
-    for layer in range(len(k)):
-        shape = (k[layer].size(0), k[layer].size(1), max_len, k[layer].size(3))
-        cache.k[layer] = k[layer].new_zeros(shape)
-        cache.v[layer] = v[layer].new_zeros(shape)
-        cache.k[layer][:, :, :length] = k[layer][:, :, :length]
-        cache.v[layer][:, :, :length] = v[layer][:, :, :length]
-    cache.length = length
-    return cache
-
-
-def _select(cache: KVCache, keep: list[int], block: int) -> KVCache:
-    """The kept rows, with the padding columns every kept row has in front removed: the widest
-    row then starts at column 0, so the cache is as wide as the longest row (<= block)."""
-    idx = torch.tensor(keep, device=cache.pad.device)
-    pad = cache.pad[idx]
-    shift = int(pad.min())
-    k = [t[idx][:, :, shift : cache.length] for t in cache.k]
-    v = [t[idx][:, :, shift : cache.length] for t in cache.v]
-    return _rebuild(k, v, pad - shift, cache.length - shift, block)
-
-
-def _merge(a: KVCache, b: KVCache, block: int) -> KVCache:
-    """One cache with a's rows then b's, right-aligned (each row's newest column is the last);
-    the shorter side gets more padding in front."""
-    length = max(a.length, b.length)
-    k, v = [], []
-    for layer in range(len(a.k)):
-        for src, dst in ((a.k, k), (a.v, v)):
-            x, y = src[layer][:, :, : a.length], (b.k if src is a.k else b.v)[layer][:, :, : b.length]
-            out = x.new_zeros((x.size(0) + y.size(0), x.size(1), length, x.size(3)))
-            out[: x.size(0), :, length - a.length :] = x
-            out[x.size(0) :, :, length - b.length :] = y
-            dst.append(out)
-    pad = torch.cat([a.pad + (length - a.length), b.pad + (length - b.length)])
-    return _rebuild(k, v, pad, length, block)

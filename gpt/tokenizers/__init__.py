@@ -9,22 +9,40 @@ rebuilds exactly the tokenizer the model was trained with and needs nothing else
 - tiktoken: OpenAI's BPE encodings by name (gpt2, r50k_base, p50k_base, cl100k_base,
   o200k_base), downloaded by tiktoken on first use; or GPT-2's encoding from a local ranks file
   (`ranks_file`), for offline and air-gapped machines.
-- bpe: a byte-level BPE trained on the corpus when it is prepared; hf: any Hugging Face
-  tokenizer.json (gpt/tokenizers/hf.py).
+- bpe: a byte-level BPE trained on the corpus when it is prepared (bpe.py); hf: any Hugging
+  Face tokenizer.json (hf.py).
 """
 
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Protocol
 
 from gpt.chat.template import with_template
 from gpt.errors import TinyGPTError
-from gpt.tokenizers.hf import HFTokenizer, TrainedBPE
+from gpt.tokenizers.bpe import TrainedBPE
+from gpt.tokenizers.byte import ByteTokenizer
+from gpt.tokenizers.char import CharTokenizer
+from gpt.tokenizers.hf import HFTokenizer
+from gpt.tokenizers.tiktoken import GPT2_EOT, TIKTOKEN_NAMES, TiktokenTokenizer
 
-TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")
-GPT2_EOT = "<|endoftext|>"
+__all__ = [
+    "GPT2_EOT",
+    "TIKTOKEN_NAMES",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "HFTokenizer",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "TrainedBPE",
+    "describe",
+    "difference",
+    "normalize_spec",
+    "require_same",
+    "tokenizer_from_dict",
+    "tokenizer_identity",
+    "without_template",
+]
 
 
 class Tokenizer(Protocol):
@@ -39,141 +57,6 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
     def to_dict(self) -> dict: ...
-
-
-class CharTokenizer:
-    """One token per character; the alphabet is fitted on the training text (sorted, so the
-    same text always gives the same ids)."""
-
-    kind = "char"
-    eot_id = None
-
-    def __init__(self, chars: list[str]):
-        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
-            raise ValueError("chars must be distinct single characters")
-        self.chars = list(chars)
-        self._stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @classmethod
-    def fit(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    def unknown_chars(self, text: str) -> list[str]:
-        return sorted(set(text) - self._stoi.keys())
-
-    def encode(self, text: str) -> list[int]:
-        unknown = self.unknown_chars(text)
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown[:10])
-            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-            raise TinyGPTError(
-                f"text has characters outside this char-level vocabulary: {shown}{more}; "
-                f"use only the model's {self.vocab_size} known characters"
-            )
-        return [self._stoi[c] for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "chars": self.chars}
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens (0..255) and end-of-text as 256."""
-
-    kind = "byte"
-    eot_id = 256
-
-    @property
-    def vocab_size(self) -> int:
-        return 257
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        # A model can emit bytes that do not form valid UTF-8: show U+FFFD instead of failing.
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind}
-
-
-class TiktokenTokenizer:
-    """A tiktoken BPE encoding. `gpt2` is the same encoding as `r50k_base` (50,257 tokens,
-    <|endoftext|> = 50256), so it is loaded as r50k_base, whose single ranks file is what
-    tiktoken caches (or what `ranks_file` points to)."""
-
-    kind = "tiktoken"
-
-    def __init__(self, name: str = "gpt2", ranks_file: str | None = None, vocab_size: int | None = None):
-        """`vocab_size`, when given (it is recorded in meta.json and checkpoints), must match what
-        was loaded: a recorded ranks file that is missing here must not be silently replaced by
-        a different vocabulary."""
-        if name not in TIKTOKEN_NAMES:
-            raise TinyGPTError(f"tiktoken encoding {name!r} is unknown; use one of {', '.join(TIKTOKEN_NAMES)}")
-        self.name, self.ranks_file = name, ranks_file
-        self.enc = _load_encoding(name, ranks_file)
-        self.eot_id = self.enc.eot_token
-        if vocab_size is not None and vocab_size != self.enc.n_vocab:
-            raise TinyGPTError(
-                f"tiktoken {name} loaded with {self.enc.n_vocab} tokens, but this model/data was made with {vocab_size} "
-                f"(from ranks file {ranks_file}); provide that ranks file"
-            )
-
-    @property
-    def vocab_size(self) -> int:
-        return self.enc.n_vocab
-
-    def encode(self, text: str) -> list[int]:
-        # Ordinary encoding: text that happens to spell "<|endoftext|>" is not a control token.
-        return self.enc.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(texts, num_threads=1)  # processes parallelise, not threads
-
-    def decode(self, ids: list[int]) -> str:
-        return self.enc.decode(ids)  # invalid UTF-8 pieces become U+FFFD
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "ranks_file": self.ranks_file, "vocab_size": self.vocab_size}
-
-
-def _load_encoding(name: str, ranks_file: str | None):
-    import tiktoken
-
-    # A ranks file recorded on another machine may be missing here: then try tiktoken itself.
-    if ranks_file and Path(ranks_file).expanduser().is_file():
-        path = Path(ranks_file).expanduser()
-        if name not in ("gpt2", "r50k_base"):
-            raise TinyGPTError(
-                f"a local ranks file is supported for gpt2 / r50k_base; for {name}, let tiktoken download it once "
-                f"(or copy it into $TIKTOKEN_CACHE_DIR)"
-            )
-        from tiktoken.load import load_tiktoken_bpe
-        from tiktoken_ext.openai_public import r50k_pat_str
-
-        try:
-            ranks = load_tiktoken_bpe(str(path))
-        except Exception:
-            raise TinyGPTError(
-                f"{path} is not a tiktoken ranks file (base64 token and rank per line, e.g. r50k_base.tiktoken)"
-            ) from None
-        return tiktoken.Encoding(name=name, pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={GPT2_EOT: len(ranks)})
-    try:
-        return tiktoken.get_encoding("r50k_base" if name == "gpt2" else name)
-    except Exception as e:  # tiktoken raises whatever its HTTP client raised
-        missing = f"ranks file {ranks_file} does not exist and " if ranks_file else ""
-        raise TinyGPTError(
-            f"cannot load tiktoken encoding {name!r}: {missing}tiktoken's download failed ({type(e).__name__}). Offline, "
-            f"pass data.tokenizer.ranks_file=<r50k_base.tiktoken> (gpt2/r50k_base) or copy the ranks file into "
-            f"$TIKTOKEN_CACHE_DIR (see README, Offline data)"
-        ) from None
 
 
 _KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenTokenizer, "bpe": TrainedBPE, "hf": HFTokenizer}

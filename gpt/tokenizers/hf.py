@@ -1,5 +1,5 @@
-"""Tokenizers of the Hugging Face `tokenizers` library: a byte-level BPE trained on your corpus
-(kind `bpe`), or any tokenizer.json from the Hub or a folder (kind `hf`).
+"""Any tokenizer.json of the Hugging Face `tokenizers` library, from the Hub or a folder (kind
+`hf`); the byte-level BPE trained on a corpus (kind `bpe`, gpt.tokenizers.bpe) is one too.
 
 Both keep the whole tokenizer.json in their dict form, so prepared data, every checkpoint and an
 export carry the exact tokenizer and nothing else is needed to sample, evaluate or export. The
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
@@ -22,7 +21,6 @@ from gpt.errors import TinyGPTError
 EOT = "<|endoftext|>"
 # the end-of-text names common tokenizers use, most specific first
 _EOT_NAMES = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
-MIN_VOCAB = 256 + 1  # every byte, and end-of-text
 
 
 class HFTokenizer:
@@ -74,66 +72,6 @@ class HFTokenizer:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "name": self.name, "json_text": self.json_text, "vocab_size": self.vocab_size}
-
-
-class TrainedBPE(HFTokenizer):
-    """A byte-level BPE learnt from the corpus it tokenizes (`train_bpe`); the settings it was
-    trained with stay in its dict form."""
-
-    kind = "bpe"
-
-    def __init__(
-        self,
-        json_text: str | None = None,
-        vocab_size: int | None = None,
-        train_docs: int | None = None,
-        train_bytes: int | None = None,
-    ):
-        if json_text is None:
-            raise TinyGPTError("a bpe tokenizer is trained when its data is prepared; prepare the data first (tinygpt prepare)")
-        super().__init__(None, json_text)
-        self.settings = {"train_docs": train_docs, "train_bytes": train_bytes}
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "json_text": self.json_text, "vocab_size": self.vocab_size, **self.settings}
-
-
-def training_sample(documents: Iterator[str], train_docs: int | None, train_bytes: int | None) -> list[str]:
-    """The first `train_docs` documents / `train_bytes` bytes, taken from the iterator (the rest
-    stays in it): the merges settle long before a large corpus ends, and only the sample is held
-    in memory."""
-    sample, size = [], 0
-    while not (train_docs and len(sample) >= train_docs) and not (train_bytes and size >= train_bytes):
-        doc = next(documents, None)
-        if doc is None:
-            break
-        sample.append(doc)
-        size += len(doc.encode("utf-8"))
-    return sample
-
-
-def train_bpe(sample: list[str], vocab_size: int, train_docs: int | None = None, train_bytes: int | None = None) -> TrainedBPE:
-    """A byte-level BPE of `vocab_size` tokens with an end-of-text token, trained on `sample`
-    (the settings that chose the sample are recorded with it)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    if vocab_size < MIN_VOCAB:
-        raise TinyGPTError(
-            f"data.tokenizer.vocab_size={vocab_size} is too small: a byte-level BPE needs >= {MIN_VOCAB} (256 bytes + end-of-text)"
-        )
-    if not any(sample):
-        raise TinyGPTError("the BPE training sample is empty; check data.source and data.tokenizer.train_docs / train_bytes")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split: words with their leading space
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte, seen in the sample or not: any text encodes
-        show_progress=False,
-    )
-    tok.train_from_iterator(sample, trainer)
-    return TrainedBPE(tok.to_str(), vocab_size, train_docs, train_bytes)
 
 
 def _fetch(name: str | None) -> str:

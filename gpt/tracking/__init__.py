@@ -1,7 +1,10 @@
-"""What a run records: console lines, TensorBoard events, metrics.jsonl and summary.json.
+"""What a run records, and the log it prints.
 
-The trainer always talks to a tracker; `NullTracker` stands in on non-zero ranks, so the loop
-has no `if writer:` branches.
+__init__     the `tinygpt` logger and the console (log lines that do not break a progress bar)
+records.py   metrics.jsonl, summary.json (with its heartbeat), a run's status, its records as one
+tensorboard.py  TensorBoard events; `NullTracker` stands in on non-zero ranks, so the loop has
+             no `if writer:` branches
+leaderboard.py  a sweep's runs ranked, as Markdown, CSV and a plot of their val curves
 """
 
 from __future__ import annotations
@@ -9,13 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import socket
 import sys
-import time
 from pathlib import Path
-
-from gpt.runtime import io
 
 logger = logging.getLogger("tinygpt")
 
@@ -30,7 +28,7 @@ def ensure_console_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -50,241 +48,3 @@ def console_redirected(bar_shown: bool):
         return any(isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr) for h in lg.handlers)
 
     return logging_redirect_tqdm(loggers=[lg for lg in (logging.getLogger(), logger) if prints(lg)])
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-class MetricsFile:
-    """Appends one JSON object per line to <run>/metrics.jsonl, at full float precision (for
-    tools, plots and exact comparisons); a None path makes it a no-op. Every row carries its
-    time: `time` (Unix seconds) and `elapsed_s` (the run's seconds so far, from `clock`: over all
-    its resumes), so "time to reach loss X" needs nothing but the file."""
-
-    def __init__(self, path: Path | None, clock=None):
-        self.f = open(path, "a", encoding="utf-8") if path is not None else None
-        self.started = time.time()
-        self.clock = clock or (lambda: time.time() - self.started)
-
-    def write(self, **record) -> None:
-        if self.f is not None:
-            row = {**record, "time": time.time(), "elapsed_s": record.get("elapsed_s", self.clock())}
-            self.f.write(json.dumps(row) + "\n")
-            self.f.flush()
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-
-
-STALE_AFTER = 7200.0  # seconds without a heartbeat after which a run written on another host is stale
-BEAT_EVERY = 10.0  # seconds: between the summary writes that only say "still here" (each is an fsync)
-
-
-class RunSummary:
-    """<run>/summary.json: where a run stands, rewritten (atomically) at start, at every logged
-    step and eval, and at the end, so that a crashed or killed run still leaves a truthful
-    record. Each write carries its writer (host, pid) and time (heartbeat), so that a run whose
-    process died without a word (kill -9, out of memory) reads as stale, not running
-    (`status_of`)."""
-
-    def __init__(self, path: Path | None, **fixed):
-        self.path = path
-        self.data = {"status": "running", **fixed, "host": socket.gethostname(), "pid": os.getpid()}
-
-    def update(self, **values) -> None:
-        self.data.update(values, heartbeat=time.time())
-        if self.path is not None:
-            io.write_json(self.path, self.data)
-
-    def beat(self, **values) -> None:
-        """`update`, at most once every BEAT_EVERY seconds (progress between evals)."""
-        if time.time() - self.data.get("heartbeat", 0.0) >= BEAT_EVERY:
-            self.update(**values)
-
-
-def status_of(summary: dict, now: float | None = None) -> str:
-    """A summary's status, with `stale` for a run recorded as running whose writer is gone: its
-    process no longer exists (same host), or no heartbeat for STALE_AFTER seconds (another host)."""
-    status = summary.get("status", "no summary")
-    if status != "running":
-        return status
-    # On Windows os.kill(pid, 0) would end the process: there only the heartbeat tells.
-    if os.name == "posix" and summary.get("host") == socket.gethostname() and isinstance(summary.get("pid"), int):
-        try:
-            os.kill(summary["pid"], 0)
-        except ProcessLookupError:
-            return "stale"
-        except PermissionError:
-            pass  # alive, another user's
-        return status
-    heartbeat = summary.get("heartbeat")
-    if isinstance(heartbeat, (int, float)) and (now or time.time()) - heartbeat > STALE_AFTER:
-        return "stale"
-    return status
-
-
-def record_failure(out_dir: Path, error: str, replaces: str | None = None, **fields) -> None:
-    """summary.json saying `failed` for a run that failed before it trained (its settings, its
-    data), so that a sweep lists it too. Never over a run's own record or checkpoints: a refused
-    resume must not rewrite the run it refused to touch. `replaces`: the error a run that failed
-    while training recorded itself, to be said as `error` instead (with more to it)."""
-    out_dir = Path(out_dir)
-    earlier = _read_json(out_dir / "summary.json")
-    if replaces is not None and earlier.get("status") == "failed" and earlier.get("error") == replaces:
-        io.write_json(out_dir / "summary.json", {**earlier, "error": error})
-        return
-    if (out_dir / "summary.json").exists() or any((out_dir / "checkpoints").glob("*.pt")):
-        return
-    RunSummary(out_dir / "summary.json", **fields).update(status="failed", error=error)
-
-
-class RunRecords:
-    """A run's records as one object: TensorBoard events, metrics.jsonl and summary.json under
-    its directory; with no directory (ranks other than 0, or before training starts) no-ops."""
-
-    METRICS = ["hparams/best_val_loss", "hparams/final_val_loss"]  # what the HParams tab ranks runs by
-
-    def __init__(
-        self,
-        out_dir: Path | None = None,
-        settings: dict | None = None,
-        first_step: int = 0,
-        task_tags: list[str] = (),
-        clock=None,
-        **summary,
-    ):
-        """`clock`: the run's elapsed seconds (metrics.jsonl's `elapsed_s`); `summary`: fields of
-        summary.json known at the start."""
-        self.tb = TensorBoardTracker(out_dir / "tb") if out_dir is not None else NullTracker()
-        self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None, clock)
-        # A resumed run carries its record on (its last eval's figures stay until the next one).
-        earlier = _read_json(out_dir / "summary.json") if out_dir is not None and first_step > 0 else {}
-        earlier = {k: v for k, v in earlier.items() if k not in ("status", "error")}  # this run's own, from now
-        self.summary = RunSummary(out_dir / "summary.json" if out_dir is not None else None, **{**earlier, **summary})
-        if out_dir is not None:
-            if first_step == 0:
-                self.tb.config(settings)
-            self.tb.hparams(settings, self.METRICS + list(task_tags))
-            self.summary.update(step=first_step)
-
-    def train(self, step: int, loss: float, lr: float, ms_per_step: float, **scalars) -> None:
-        """A logged training step: its loss, lr, time and other scalars (grad_norm, perf/...)."""
-        self.tb.scalars(step, {"loss/train": loss, "lr": lr, "perf/ms_per_step": ms_per_step, **scalars})
-        self.metrics.write(kind="train", step=step, loss=loss, lr=lr, ms_per_step=ms_per_step)
-
-    def eval(self, step: int, train: float, val: float, best: float, elapsed_s: float | None = None) -> None:
-        """An eval's losses; `elapsed_s`: the time to record with it (the clock's now if None),
-        so that summary.json's best_elapsed_s is the very figure of its row."""
-        self.tb.scalars(step, {"loss/train_eval": train, "loss/val": val, self.METRICS[0]: best, self.METRICS[1]: val})
-        self.metrics.write(
-            kind="eval", step=step, train=train, val=val, **({} if elapsed_s is None else {"elapsed_s": elapsed_s})
-        )
-
-    def tasks(self, step: int, figures: dict[str, dict]) -> None:
-        """Zero-shot task figures ({task: {metric: value}}): TensorBoard under tasks/<task>/<metric>,
-        metrics.jsonl, and summary.json's `tasks` (what a sweep's leaderboard can rank by)."""
-        self.tb.scalars(step, {f"tasks/{name}/{k}": v for name, f in figures.items() for k, v in f.items()})
-        self.metrics.write(kind="tasks", step=step, **figures)
-        self.summary.update(tasks={name: {**f, "step": step} for name, f in figures.items()})
-
-    def close(self) -> None:
-        """The run's end, with its status (TensorBoard's HParams tab shows it per session)."""
-        self.tb.end(self.summary.data.get("status", "running"))
-        self.tb.close()
-        self.metrics.close()
-
-
-class NullTracker:
-    def scalars(self, step: int, values: dict) -> None: ...
-
-    def text(self, tag: str, text: str, step: int = 0) -> None: ...
-
-    def config(self, cfg: dict) -> None: ...
-
-    def hparams(self, cfg: dict, metric_tags: list[str]) -> None: ...
-
-    def weight_histograms(self, step: int, model) -> None: ...
-
-    def grad_histograms(self, step: int, model) -> None: ...
-
-    def attention_images(self, step: int, maps: list) -> None: ...
-
-    def end(self, status: str) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class TensorBoardTracker(NullTracker):
-    def __init__(self, log_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter  # imported lazily: it is slow to import
-
-        self.writer = SummaryWriter(log_dir=str(log_dir))
-
-    def scalars(self, step: int, values: dict) -> None:
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
-
-    def text(self, tag: str, text: str, step: int = 0) -> None:
-        # TensorBoard renders text as Markdown; indent four spaces so it shows verbatim.
-        self.writer.add_text(tag, "    " + text.replace("\n", "\n    "), step)
-
-    def config(self, cfg: dict) -> None:
-        lines = [f"{k}: {v}" for k, v in sorted(flatten(cfg).items())]
-        self.text("config", "\n".join(lines))
-
-    def hparams(self, cfg: dict, metric_tags: list[str]) -> None:
-        """Declare the run's hyperparameters and the scalar tags that score it, in this run's own
-        event file; the trainer then writes those scalars at every eval. (`add_hparams` would
-        open a separate sub-run, and the HParams tab would not line a sweep's runs up with their
-        curves.)"""
-        from torch.utils.tensorboard.summary import hparams
-
-        flat = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in flatten(cfg).items()}
-        experiment, start, _ = hparams(flat, {tag: 0.0 for tag in metric_tags})  # torch's end says "success"
-        for summary in (experiment, start):
-            self.writer.file_writer.add_summary(summary)
-
-    def end(self, status: str) -> None:
-        """The HParams session's end: success, failure, or unknown (interrupted, resumable)."""
-        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-        from tensorboard.plugins.hparams import metadata
-        from tensorboard.plugins.hparams.api_pb2 import Status
-        from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
-
-        code = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}.get(status, "STATUS_UNKNOWN")
-        info = HParamsPluginData(session_end_info=SessionEndInfo(status=Status.Value(code)), version=metadata.PLUGIN_DATA_VERSION)
-        plugin = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=info.SerializeToString())
-        value = Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))
-        self.writer.file_writer.add_summary(Summary(value=[value]))
-
-    def weight_histograms(self, step: int, model) -> None:
-        for name, p in model.named_parameters():
-            self.writer.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
-
-    def grad_histograms(self, step: int, model) -> None:
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                self.writer.add_histogram(f"grads/{name}", p.grad.detach().float().cpu(), step)
-
-    def attention_images(self, step: int, maps: list) -> None:
-        """One grey-scale image per layer: the heads' T x T attention maps side by side, each
-        query's row scaled to its own maximum. Scaled by the global maximum, row 0 (which can
-        only attend to itself: weight 1) would be the one bright row and the rest near black."""
-        for layer, weights in enumerate(maps):
-            heads = weights[0].float().cpu()  # (H, T, T) of the first sequence
-            heads = heads / heads.amax(dim=-1, keepdim=True).clamp(min=1e-8)
-            image = heads.permute(1, 0, 2).reshape(heads.size(1), -1)  # (T, H*T)
-            self.writer.add_image(f"attention/layer_{layer}", image, step, dataformats="HW")
-
-    def close(self) -> None:
-        self.writer.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.runtime.io import atomic_write
-from gpt.tracking import status_of
+from gpt.tracking.records import status_of
 
 COLUMNS = [
     "rank",

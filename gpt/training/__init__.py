@@ -1,5 +1,15 @@
-"""Training: `build_run` (gpt.training.setup) builds everything once, `Trainer` (gpt.training.loop)
-runs the loop, and `train` does both for a settings object.
+"""Training: `claim` (gpt.training.start) takes the run directory and decides where the run
+continues from, `build_run` (gpt.training.setup) builds everything once, `Trainer`
+(gpt.training.loop) runs the loop, and `train` does all three for a settings object.
+
+    state.py    Run (what a built run holds) and Progress (where it stands)
+    start.py    preflight checks and the run directory's claim
+    setup.py    build_run
+    loop.py     Trainer: steps, evals, checkpoints, records, clean stops
+    step.py     one optimizer step and the non-finite guard
+    saving.py   what a checkpoint of the run holds, and when a state is fit to save
+    optim.py    parameter groups, AdamW and Muon (torch.optim optimizers), the LR schedule
+    finetune.py initial weights, context crop, freezing, LoRA, the chat template's new tokens
 
     from gpt.config import ...; from gpt.training import train
     summary = train(settings)           # or from the command line: tinygpt train key=value ...
@@ -8,58 +18,62 @@ runs the loop, and `train` does both for a settings object.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from gpt.checkpoints import runs
 from gpt.config import RunConfig
 from gpt.errors import RunRefused, TinyGPTError, out_of_memory
 from gpt.runtime import devices, distributed
 from gpt.runtime.preemption import StopRequest
-from gpt.runtime.runlock import RunLock
-from gpt.tracking import logger, record_failure
+from gpt.tracking import logger
+from gpt.tracking.records import record_failure
 from gpt.training.loop import EvalHook, StepHook, Trainer
-from gpt.training.setup import Run, build_run
+from gpt.training.setup import build_run
+from gpt.training.start import Claim, claim, preflight
+from gpt.training.state import Run
 from gpt.training.step import train_step
 
-__all__ = ["Run", "Trainer", "build_run", "train", "train_step"]
+__all__ = ["Claim", "Run", "Trainer", "build_run", "claim", "preflight", "train", "train_step"]
 
 
 def train(
-    cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | None = None, overrides=(), resume_point=None
+    cfg: RunConfig, on_step: StepHook | None = None, on_eval: EvalHook | None = None, overrides=(), claimed: Claim | None = None
 ) -> dict:
     """Train per `cfg` (resuming if its run directory holds a checkpoint); returns the run's
     summary (status, best and final val loss, steps, speed: what summary.json holds). Raises
-    `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. Always releases the
-    process group and, between the jobs of a multirun, the memory. `resume_point`: where the run
-    continues from, when the caller found it already (gpt.checkpoints.loading.resume_point)."""
+    `Preempted` after a SIGTERM / Ctrl-C stop has saved its checkpoint. `claimed`: the run
+    directory, taken by the caller already (`claim`); else it is taken here (on rank 0; a run
+    without paths.output_dir gets a new directory under paths.runs_dir/runs). Always releases
+    the claim, the process group and, between the jobs of a multirun, the memory."""
     started = time.time()
-    lock, stop = None, None
+    dist = distributed.from_env()
+    # A signal during set-up ends as cleanly as one in the loop; under torchrun it is only flagged
+    # (a rank that left alone would strand the others), and every rank stops at the loop's first
+    # check (gpt.runtime.preemption).
+    stop = StopRequest(log=logger.warning if dist.is_main else (lambda *a: None), deferred=dist.enabled)
+    stop.__enter__()
     try:
-        if cfg.paths.output_dir and distributed.from_env().is_main:  # one writer per run directory
-            lock = RunLock(Path(cfg.paths.output_dir).expanduser(), log=logger.warning)
-            try:
-                lock.acquire()
-            except TinyGPTError as e:
-                raise RunRefused(str(e)) from None
-        # A signal during set-up ends as cleanly as one in the loop; under torchrun it is only
-        # flagged (a rank that left alone would strand the others), and every rank stops at the
-        # loop's first check (gpt.runtime.preemption).
-        dist = distributed.from_env()
-        stop = StopRequest(log=logger.warning if dist.is_main else (lambda *a: None), deferred=dist.enabled)
-        stop.__enter__()
         try:
-            run = build_run(cfg, resume_point)
+            if claimed is None and dist.is_main:  # one writer per run directory
+                out = cfg.paths.output_dir
+                out_dir = Path(out).expanduser() if out else runs.new_run_dir(cfg.paths.runs_dir)
+                cfg = replace(cfg, paths=replace(cfg.paths, output_dir=str(out_dir)))
+                claimed = claim(cfg, out_dir, log=logger.warning)
+            run = build_run(cfg, claimed)
+        except RunRefused:  # another process holds the run directory: nothing of its may be touched
+            raise
         except Exception as e:  # recorded, so that a sweep lists the run (never over a run's own record)
             refusal = e if isinstance(e, TinyGPTError) else out_of_memory(e)
             if refusal is None:
                 raise
-            if cfg.paths.output_dir and distributed.from_env().is_main:
+            if cfg.paths.output_dir and dist.is_main:
                 record_failure(Path(cfg.paths.output_dir), str(refusal), overrides=list(overrides))
             raise RunRefused(str(refusal)) from None
         return Trainer(run, overrides, started).fit(on_step, on_eval, stop=stop)
     finally:
-        if stop is not None:
-            stop.__exit__(None, None, None)
-        if lock is not None:
-            lock.release()
+        stop.__exit__(None, None, None)
+        if claimed is not None:
+            claimed.release()
         distributed.shutdown()
         devices.free_memory()

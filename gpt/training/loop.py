@@ -15,20 +15,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import runs
 from gpt.config import SamplingSettings
-from gpt.data.chat import first_turn
-from gpt.data.loader import RandomWindows
 from gpt.errors import TinyGPTError, one_line, out_of_memory
 from gpt.evals.tasks import evaluate_task, metric_names
 from gpt.generation import generate
 from gpt.model import compute, registry
 from gpt.runtime import devices, distributed
 from gpt.runtime.preemption import Preempted, StopRequest
-from gpt.tracking import RunRecords, console_redirected, logger
+from gpt.tracking import console_redirected, logger
+from gpt.tracking.records import RunRecords
 from gpt.training import saving
 from gpt.training import step as steps
-from gpt.training.setup import Run, quiet
+from gpt.training.state import Run, quiet
 
 StepHook = Callable[[int, float], None]  # (step just finished, its loss)
 EvalHook = Callable[[int, dict], None]  # (step, {"train": loss, "val": loss}); may raise to stop
@@ -95,7 +94,7 @@ class Trainer:
         """A full-state checkpoint of the current step, and best.pt if `best` (see saving.save)."""
         self.run.progress.elapsed_s = self.elapsed()
         path = saving.save(self.run, self.last_eval, best, self.ts.keep_last)
-        if path is not None and path.name == checkpoint.step_file(self.run.progress.step):
+        if path is not None and path.name == runs.step_file(self.run.progress.step):
             self.saved_step = self.run.progress.step
         return path
 
@@ -109,9 +108,7 @@ class Trainer:
         continuation of nothing, or on conversations, the reply to the first val conversation's
         first user turn, shown after that turn."""
         r = self.run
-        prompt, shown = [], ""
-        if r.data.chat is not None:
-            prompt, shown = first_turn(r.data.chat["val"], r.data.tokenizer)
+        prompt, shown = r.data.sample_prompt()
         with r.rt.autocast():
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
             return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings)[0][0]
@@ -191,7 +188,7 @@ class Trainer:
                 flops_budget=self.ts.flops_budget,
                 overrides=self.overrides,
                 model=registry.summary(r.model_config),
-                chat=r.data.chat is not None,  # trained on conversations (gpt.chat): `tinygpt chat` talks to it
+                chat=r.data.kind == "chat",  # trained on conversations (gpt.data.chat): `tinygpt chat` talks to it
             )
             tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]
             summary.update(best_elapsed_s=r.progress.best_elapsed_s)
@@ -242,7 +239,7 @@ class Trainer:
         r = self.run
         # Saved already when the stop comes right after an eval's save, or before the first step
         # of a resumed run: once is enough (a preemption's grace period is short).
-        path = checkpoint.latest(r.out_dir) if self.saved_step == r.progress.step else self.save()
+        path = runs.latest(r.out_dir) if self.saved_step == r.progress.step else self.save()
         r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path or 'none'}")
 
     def _eval_and_save(self, step: int) -> None:
@@ -263,7 +260,7 @@ class Trainer:
             if ts.eval_sample_tokens:
                 self.records.tb.text("samples", self.sample(ts.eval_sample_tokens), step)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
-                x, _ = RandomWindows(r.data.val, r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
+                x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
                 self.records.tb.attention_images(step, r.model.attention_maps(x))
         if ts.histogram_every and self.evals_done % ts.histogram_every == 0:
             self.records.tb.weight_histograms(step, r.model)

@@ -1,19 +1,22 @@
-"""Parameter groups, the optimizers (AdamW, and Muon for hidden matrices) and the LR schedule.
+"""Parameter groups, the optimizers (AdamW, and Muon for the hidden matrices) and the LR schedule.
 
-Why not torch.optim: its `Optimizer` imports torch._dynamo the first time a group is added or a
-step is taken, even when nothing is compiled. That import costs ~70 MB of resident memory and
-~0.8 s, a fifth of the CPU quickstart's footprint. The update rules here call the same fused
-AdamW kernel torch.optim uses, and their state_dict has torch's layout, so checkpoints written
-with torch.optim.AdamW resume here.
+AdamW is torch.optim.AdamW (its fused kernel where the device has one); Muon is a
+torch.optim.Optimizer of its own (see `Muon` for why not torch's); `Optimizers` holds the run's
+optimizers as one torch optimizer. Being torch.optim optimizers costs the first step an import of
+torch._dynamo (torch.optim's step is wrapped by it), measured in docs/performance.md; what it buys
+is everything built on torch.optim.Optimizer: LR schedulers, a compiled step, ZeRO and FSDP2's
+DTensor state, torch.distributed.checkpoint's optimizer helpers.
 """
 
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
 from gpt.config import AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
@@ -63,17 +66,81 @@ def param_groups(model: nn.Module, settings: AdamWSettings) -> list[dict]:
     return groups
 
 
-class Optimizer:
-    """AdamW and Muon groups behind the interface the trainer, GradScaler and DDP use from
-    torch.optim: param_groups (each with its "lr"), state, step, zero_grad, state_dict and
-    load_state_dict. Hyperparameters come from the current settings, also on resume: a
-    checkpoint supplies the moments and step counts only."""
+class Muon(torch.optim.Optimizer):
+    """Muon: momentum (Nesterov), then each matrix's update replaced by the nearest semi-orthogonal
+    matrix (all singular values ~1), so every direction of the weight moves at the same rate.
 
-    def __init__(self, groups: list[dict], settings: AdamWSettings, ns_dtype: torch.dtype):
-        self.settings = settings
-        self.ns_dtype = ns_dtype
-        self.param_groups = [{**g, "lr": g["base_lr"]} for g in groups if g["params"]]
-        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+    Why not torch.optim.Muon: it runs Newton-Schulz in bfloat16 always and one matrix at a time.
+    On CPUs without native bf16 that is ~10x slower than float32 (and a different result), and a
+    small model's many small matrices are cheaper as one batch per shape. Its update rule is the
+    same otherwise (Keller Jordan's coefficients and shape scaling, Nesterov, decoupled decay);
+    tests/training/test_optim.py holds the two side by side in bfloat16."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        weight_decay: float = 0.0,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "ns_steps": ns_steps})
+        self.ns_dtype = ns_dtype  # how the machine computes, not a hyperparameter: kept out of the state dict
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update(group, params)
+        return loss
+
+    def _update(self, group: dict, params: list[torch.Tensor]) -> None:
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
+        updates = torch._foreach_lerp(grads, bufs, group["momentum"])  # Nesterov: look one step ahead
+        torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        # Matrices of one shape go through Newton-Schulz as one batch: a few large matmuls
+        # instead of many small ones.
+        by_shape: dict[torch.Size, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(p.shape, []).append(i)
+        for shape, idx in by_shape.items():
+            ortho = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype)
+            # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
+            scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+            for j, i in enumerate(idx):
+                params[i].add_(ortho[j], alpha=-group["lr"] * scale)
+
+
+class Optimizers(torch.optim.Optimizer):
+    """The run's optimizers (torch.optim.AdamW, and Muon with optim=muon) as one torch optimizer,
+    for the trainer, GradScaler, the schedule and checkpoints: `param_groups` are the parts' own
+    groups (a learning rate set here is theirs), `step` and `zero_grad` cover all of them, and the
+    state dict is laid out as one torch optimizer's over every group in order, AdamW's then
+    Muon's: the layout of every tinygpt checkpoint so far, read either way. Hyperparameters come
+    from the current settings, also on resume: a checkpoint supplies the moments and step
+    counts only. (What the container leaves to the parts: torch's hooks on `step` and the
+    profiler see one call.)"""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]):
+        if not parts:
+            raise TinyGPTError("the model has no trainable parameters: nothing to optimize (check finetune.freeze_* settings)")
+        self.parts = list(parts)
+        # torch's bookkeeping (hooks, the step counter GradScaler and schedulers look for), then
+        # the parts' own groups and state in place of the copies it makes
+        super().__init__([p for o in self.parts for g in o.param_groups for p in g["params"]], {})
+        self.param_groups = [g for o in self.parts for g in o.param_groups]
+        self.state = ChainMap(*(o.state for o in self.parts))
 
     def describe(self) -> str:
         """'muon on 16 tensors (786,432 parameters, peak lr 0.02, Newton-Schulz in float32) + ...'"""
@@ -82,98 +149,37 @@ class Optimizer:
             n, size = parts.get(g["kind"], (0, 0))
             parts[g["kind"]] = (n + len(g["params"]), size + sum(p.numel() for p in g["params"]))
         peak = {g["kind"]: g["base_lr"] for g in self.param_groups}
+        ns = next((str(o.ns_dtype).removeprefix("torch.") for o in self.parts if isinstance(o, Muon)), None)
         return " + ".join(
             f"{kind} on {n} tensors ({size:,} parameters, peak lr {peak[kind]:g}"
-            + (f", Newton-Schulz in {str(self.ns_dtype).removeprefix('torch.')})" if kind == "muon" else ")")
+            + (f", Newton-Schulz in {ns})" if kind == "muon" else ")")
             for kind, (n, size) in sorted(parts.items(), key=lambda kv: kv[0] != "muon")
         )
 
-    def _params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self._params():
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
-
     @torch.no_grad()
-    def step(self) -> None:
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                (self._adamw if group["kind"] == "adamw" else self._muon)(group, params)
-
-    def _adamw(self, group: dict, params: list[torch.Tensor]) -> None:
-        s = self.settings
-        for p in params:
-            if p not in self.state:
-                # torch's layout: a float32 step count, on the parameter's device for the fused kernel
-                self.state[p] = {
-                    "step": torch.zeros((), dtype=torch.float32, device=p.device),
-                    "exp_avg": torch.zeros_like(p),
-                    "exp_avg_sq": torch.zeros_like(p),
-                }
-        states = [self.state[p] for p in params]
-        steps = [st["step"] for st in states]
-        torch._foreach_add_(steps, 1)
-        # One kernel for the whole group: decay, both moments, bias correction, update.
-        torch._fused_adamw_(
-            params,
-            [p.grad for p in params],
-            [st["exp_avg"] for st in states],
-            [st["exp_avg_sq"] for st in states],
-            [],
-            steps,
-            lr=group["lr"],
-            beta1=s.beta1,
-            beta2=s.beta2,
-            weight_decay=group["weight_decay"],
-            eps=s.eps,
-            amsgrad=False,
-            maximize=False,
-        )
-
-    def _muon(self, group: dict, params: list[torch.Tensor]) -> None:
-        """Momentum, then replace each matrix's update by the nearest semi-orthogonal matrix
-        (all singular values ~1), so every direction of the weight moves at the same rate."""
-        s = self.settings
-        for p in params:
-            if p not in self.state:
-                self.state[p] = {"momentum_buffer": torch.zeros_like(p)}
-        grads = [p.grad for p in params]
-        bufs = [self.state[p]["momentum_buffer"] for p in params]
-        torch._foreach_lerp_(bufs, grads, 1 - s.momentum)
-        updates = torch._foreach_lerp(grads, bufs, s.momentum)  # Nesterov: look one step ahead
-        torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-        # Matrices of one shape go through Newton-Schulz as one batch: a few large matmuls
-        # instead of many small ones.
-        by_shape: dict[torch.Size, list[int]] = {}
-        for i, p in enumerate(params):
-            by_shape.setdefault(p.shape, []).append(i)
-        for shape, idx in by_shape.items():
-            ortho = orthogonalize(torch.stack([updates[i] for i in idx]), s.ns_steps, self.ns_dtype)
-            # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
-            scale = math.sqrt(max(1.0, shape[0] / shape[1]))
-            for j, i in enumerate(idx):
-                params[i].add_(ortho[j], alpha=-group["lr"] * scale)
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for o in self.parts:
+            o.step()
+        return loss
 
     def state_dict(self) -> dict:
-        index = {p: i for i, p in enumerate(self._params())}
-        return {
-            "state": {index[p]: dict(st) for p, st in self.state.items()},
-            "param_groups": [
-                {**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
-                for g in self.param_groups
-            ],
-        }
+        state, groups, offset = {}, [], 0
+        for o in self.parts:
+            sd = o.state_dict()
+            state.update({offset + int(i): s for i, s in sd["state"].items()})
+            groups += [{**g, "params": [offset + i for i in g["params"]]} for g in sd["param_groups"]]
+            offset += sum(len(g["params"]) for g in sd["param_groups"])
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, sd: dict) -> None:
-        saved = sd["param_groups"]
         # Checkpoints from torch.optim.AdamW carry no "kind" (they are AdamW's) and may hold an
         # empty group (LoRA trains matrices only), which this class does not keep.
-        layout = [(g.get("kind", "adamw"), len(g["params"])) for g in saved if g["params"]]
+        saved = [g for g in sd["param_groups"] if g["params"]]
+        layout = [(g.get("kind", "adamw"), len(g["params"])) for g in saved]
         ours = [(g["kind"], len(g["params"])) for g in self.param_groups]
         if layout != ours:
             trained_with = "muon" if any(kind == "muon" for kind, _ in layout) else "adamw"
@@ -181,12 +187,22 @@ class Optimizer:
                 f"the checkpoint's optimizer state does not fit: it holds {layout}, this run has {ours}; resume with "
                 f"the optimizer it was trained with (optim={trained_with}) and the same trainable parameters"
             )
-        params = self._params()
-        self.state = {}
-        for i, st in sd["state"].items():
-            p = params[int(i)]
-            # copied: the source may be another optimizer's live state
-            self.state[p] = {k: v.to(p.device, dtype=torch.float32 if k == "step" else p.dtype, copy=True) for k, v in st.items()}
+        old_ids = iter(saved)
+        for o in self.parts:
+            state, groups, new = {}, [], 0
+            for g in o.param_groups:
+                for old in next(old_ids)["params"]:
+                    if old in sd["state"] or str(old) in sd["state"]:
+                        st = sd["state"].get(old, sd["state"].get(str(old)))
+                        # copied: the source may be another optimizer's live state
+                        state[new] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                    new += 1
+                groups.append(
+                    {k: v for k, v in g.items() if k != "params"} | {"params": list(range(new - len(g["params"]), new))}
+                )
+            o.load_state_dict({"state": state, "param_groups": groups})
+        self.param_groups = [g for o in self.parts for g in o.param_groups]  # load_state_dict made new group dicts
+        self.state = ChainMap(*(o.state for o in self.parts))
 
 
 def ns_dtype_for(settings: MuonSettings, device: torch.device) -> torch.dtype:
@@ -198,10 +214,21 @@ def ns_dtype_for(settings: MuonSettings, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if native else torch.float32
 
 
-def build_optimizer(model: nn.Module, settings: AdamWSettings, device: torch.device) -> Optimizer:
-    """`settings` is AdamWSettings (optim=adamw) or MuonSettings (optim=muon)."""
-    ns_dtype = ns_dtype_for(settings, device) if isinstance(settings, MuonSettings) else torch.float32
-    return Optimizer(param_groups(model, settings), settings, ns_dtype)
+def build_optimizer(model: nn.Module, settings: AdamWSettings, device: torch.device) -> Optimizers:
+    """`settings` is AdamWSettings (optim=adamw) or MuonSettings (optim=muon). AdamW takes torch's
+    fused kernel wherever torch has one for the device (CPU and CUDA included)."""
+    groups = [{**g, "lr": g["base_lr"]} for g in param_groups(model, settings) if g["params"]]
+    adamw = [g for g in groups if g["kind"] == "adamw"]
+    muon = [g for g in groups if g["kind"] == "muon"]
+    parts: list[torch.optim.Optimizer] = []
+    if adamw:
+        fused = device.type in _get_fused_kernels_supported_devices()
+        betas = (settings.beta1, settings.beta2)
+        parts.append(torch.optim.AdamW(adamw, lr=settings.lr, betas=betas, eps=settings.eps, fused=fused))
+    if muon:
+        ns_dtype = ns_dtype_for(settings, device)
+        parts.append(Muon(muon, lr=settings.muon_lr, momentum=settings.momentum, ns_steps=settings.ns_steps, ns_dtype=ns_dtype))
+    return Optimizers(parts)
 
 
 @torch.no_grad()
@@ -249,7 +276,7 @@ class CosineSchedule:
         progress = (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
         return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - self.min_lr)
 
-    def set_lr(self, optimizer: Optimizer, step: int) -> float:
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         """Every group follows the same curve, scaled to its own peak (Muon's is higher).
         Returns the AdamW learning rate, the one logged."""
         lr = self(step)

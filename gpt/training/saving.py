@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.model.lora import merged_state_dict
 from gpt.runtime import devices, distributed
-from gpt.training.setup import Run
+from gpt.training.state import Run
 
 
 def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Checkpoint:
@@ -70,16 +70,16 @@ def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> P
     good checkpoint."""
     if not healthy(run, last_eval):
         run.log(f"notice: step {run.progress.step} not saved (non-finite loss or weights); checkpoints kept as they are")
-        return checkpoint.latest(run.out_dir)
-    path = run.ckpt_dir / checkpoint.step_file(run.progress.step)
+        return runs.latest(run.out_dir)
+    path = run.ckpt_dir / runs.step_file(run.progress.step)
     rng = distributed.gather(devices.rng_state(run.rt.device), run.dist)  # every rank's own
     failed: TinyGPTError | None = None
     if run.dist.is_main:
         try:
             if best:
-                checkpoint.save(run.ckpt_dir / checkpoint.BEST, fill(run, last_eval, rng=None))
+                checkpoint.save(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None))
             checkpoint.save(path, fill(run, last_eval, rng=rng))
-            checkpoint.prune(run.out_dir, keep_last)
+            runs.prune(run.out_dir, keep_last)
         except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
             failed = e
     if distributed.any_true(failed is not None, run.dist, run.rt.device):  # every rank learns of it, and stops

@@ -9,11 +9,11 @@ import math
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import runs
 from gpt.errors import TinyGPTError
 from gpt.runtime import distributed
 from gpt.tracking import logger
-from gpt.training.setup import Run
+from gpt.training.state import Run
 
 
 def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +52,7 @@ def apply_or_skip(run: Run, loss: torch.Tensor, norm: torch.Tensor, max_bad_step
         p.bad_total += 1
         logger.warning(f"step {p.step + 1}: non-finite loss or gradient, update skipped ({p.bad_in_a_row} in a row)")
         if p.bad_in_a_row >= max_bad_steps:
-            last = checkpoint.latest(run.out_dir) or "none (no eval reached yet)"
+            last = runs.latest(run.out_dir) or "none (no eval reached yet)"
             raise TinyGPTError(
                 f"training diverged: {p.bad_in_a_row} non-finite steps in a row at step {p.step + 1}; "
                 f"the last good checkpoint is {last}; lower optim.lr or train.grad_clip"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpt.apps import common
+from gpt.checkpoints import runs
 from gpt.errors import TinyGPTError
 from helpers import assert_one_line_error, run_script
 
@@ -44,13 +45,13 @@ def test_compose_refuses_mistakes_in_one_line(overrides, message):
 
 
 def test_compose_builds_the_typed_settings():
-    from gpt.config import AdamWSettings, GPTSettings, MuonSettings, RNNSettings
+    from gpt.config import AdamWSettings, GPTConfig, MuonSettings, RNNConfig
 
     settings = common.compose("config", ["optim=adamw", "model=lstm", "train.max_iters=7"])
-    assert type(settings.optim) is AdamWSettings and type(settings.model) is RNNSettings
+    assert type(settings.optim) is AdamWSettings and type(settings.model) is RNNConfig
     assert settings.train.max_iters == 7 and settings.model.arch == "lstm"
     default = common.compose("config", [])
-    assert type(default.optim) is MuonSettings and type(default.model) is GPTSettings and default.paths.output_dir is None
+    assert type(default.optim) is MuonSettings and type(default.model) is GPTConfig and default.paths.output_dir is None
 
 
 def test_explain_follows_the_chain_hydra_leaves():
@@ -59,11 +60,11 @@ def test_explain_follows_the_chain_hydra_leaves():
     from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
 
-    from gpt.config import RNNSettings
+    from gpt.config import RNNConfig
 
     try:
         try:
-            OmegaConf.merge(OmegaConf.structured(RNNSettings), {"n_head": 2})
+            OmegaConf.merge(OmegaConf.structured(RNNConfig), {"n_head": 2})
         except Exception:
             raise ConfigCompositionException("In 'debug/x': ConfigKeyError raised while composing config:")  # noqa: B904
     except ConfigCompositionException as e:
@@ -200,11 +201,11 @@ def test_bad_inputs_get_one_line_and_touch_nothing(case, trained_run, data_root,
     bad = checkpoint.load(run_dir / "checkpoints" / "best.pt")
     bad.model["transformer.wte.weight"] = torch.zeros(3, 3)
     checkpoint.save(tmp_path / "bad.pt", bad)
-    bad_step = checkpoint.load(checkpoint.latest(run_dir))
+    bad_step = checkpoint.load(runs.latest(run_dir))
     bad_step.model["transformer.wte.weight"] = torch.zeros(3, 3)
     checkpoint.save(tmp_path / "bad_step.pt", bad_step)
     shutil.copytree(run_dir, tmp_path / "broken_run")
-    for path in checkpoint.step_checkpoints(tmp_path / "broken_run"):
+    for path in runs.step_checkpoints(tmp_path / "broken_run"):
         path.write_bytes(path.read_bytes()[:1000])  # cut short
     names = {
         "run": run_dir,

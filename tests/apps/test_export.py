@@ -49,7 +49,7 @@ def test_a_llama_folder_through_the_commands(tmp_path, data_root):
 
     from safetensors.torch import load_file
 
-    from gpt.tokenizers.hf import train_bpe
+    from gpt.tokenizers.bpe import train_bpe
 
     root, _ = data_root
     text = (root / "tinyshakespeare" / "input.txt").read_text()[:200_000]

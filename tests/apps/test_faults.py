@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import runs
 from helpers import assert_one_line_error, corrupted_variants, run_script
 
 
@@ -42,7 +42,7 @@ def test_150_damaged_checkpoints_through_sample_eval_and_resume(trained_run, dat
     trained = []  # what train.py would have trained from: the checks before Hydra passed
     monkeypatch.setattr(train_app, "_hydra_main", lambda argv: trained.append(argv))
     (tmp_path / "essay.txt").write_text("ROMEO: But soft, what light through yonder window breaks?\n" * 3)
-    good = checkpoint.latest(run_dir).read_bytes()
+    good = runs.latest(run_dir).read_bytes()
     path = tmp_path / "damaged.pt"
     outcomes: dict[str, dict[str, int]] = {}
     for _kind, data in corrupted_variants(good, 150, seed=1):
@@ -68,7 +68,7 @@ def test_the_real_commands_on_damaged_files_and_a_run_whose_best_pt_is_damaged(t
     leave the damaged file where it is."""
     cwd, run_dir, _ = trained_run
     root, data_overrides = data_root
-    good = checkpoint.latest(run_dir).read_bytes()
+    good = runs.latest(run_dir).read_bytes()
     for i, (_kind, data) in enumerate(corrupted_variants(good, 6, seed=2)):
         path = tmp_path / f"damaged-{i}.pt"
         path.write_bytes(data)
@@ -84,7 +84,7 @@ def test_the_real_commands_on_damaged_files_and_a_run_whose_best_pt_is_damaged(t
     best.write_bytes(best.read_bytes()[:2000])
     proc = run_script("sample.py", [f"run_dir={copy}", "max_new_tokens=3", "prompt=ROMEO:"], tmp_path, root)
     assert proc.returncode == 0, proc.stderr
-    newest = checkpoint.latest(copy).name
+    newest = runs.latest(copy).name
     assert "best.pt: the file is damaged or cut short" in proc.stderr, proc.stderr
     assert f"using {newest} instead" in proc.stderr and best.stat().st_size == 2000
     (tmp_path / "essay.txt").write_text("ROMEO: But soft, what light through yonder window breaks?\n" * 3)

@@ -374,7 +374,7 @@ def test_a_recurrent_model_is_refused_in_one_line(tmp_path, data_root):
     from gpt.model import registry
     from gpt.tokenizers import CharTokenizer
 
-    config = registry.config_from_settings(compose("config", ["model=lstm"]).model, vocab_size=8)
+    config = registry.with_vocab(compose("config", ["model=lstm"]).model, 8)
     path = tmp_path / "lstm.pt"
     model = registry.build(config)
     checkpoint.save(

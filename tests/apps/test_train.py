@@ -13,7 +13,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from helpers import REPO, SHARED_TEXT, assert_one_line_error, run_script, sigterm_after_step_5
 
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
@@ -25,14 +25,14 @@ def test_train_writes_checkpoints_logs_and_events(trained_run):
     assert "device cpu" in stdout and "dtype float32" in stdout
     assert len([line for line in stdout.splitlines() if line.startswith("eval step")]) == 3  # printed once each
     assert (run_dir / "train.log").read_text().count("eval step") == 3  # steps 0, 10, 20
-    names = sorted(p.name for p in (run_dir / checkpoint.CKPT_DIR).iterdir())
+    names = sorted(p.name for p in (run_dir / runs.CKPT_DIR).iterdir())
     assert names == ["best.pt", "ckpt-0000010.pt", "ckpt-0000020.pt"]
     for name in names:
-        ckpt = checkpoint.load(run_dir / checkpoint.CKPT_DIR / name)
+        ckpt = checkpoint.load(run_dir / runs.CKPT_DIR / name)
         assert ckpt.tokenizer["kind"] == "char" and ckpt.model_config["n_embd"] == 18
-    last = checkpoint.load(checkpoint.latest(run_dir))
+    last = checkpoint.load(runs.latest(run_dir))
     assert last.step == 20 and last.training is not None and last.config["train"]["max_iters"] == 20
-    assert checkpoint.load(run_dir / checkpoint.CKPT_DIR / "best.pt").training is None
+    assert checkpoint.load(run_dir / runs.CKPT_DIR / "best.pt").training is None
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 10, 20]
     assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10, 15, 20]
@@ -63,7 +63,7 @@ def test_the_console_command_trains_like_the_script(tmp_path, data_root):
         root,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert checkpoint.load(checkpoint.latest(tmp_path / "run")).step == 2
+    assert checkpoint.load(runs.latest(tmp_path / "run")).step == 2
 
 
 def test_smoke_shakespeare_char_experiment(tmp_path, data_root):
@@ -90,7 +90,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
     returncode, out, err = sigterm_after_step_5([sys.executable, str(REPO / "train.py"), *args], tmp_path, env)
     assert returncode == 0, err[-2000:]
     assert "stopped at step" in out and f"hydra.run.dir={run_dir}" in out
-    stopped_at = checkpoint.load(checkpoint.latest(run_dir)).step
+    stopped_at = checkpoint.load(runs.latest(run_dir)).step
     assert stopped_at >= 5 and json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
     resumed = run_script(
@@ -100,8 +100,8 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
         root,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming from {run_dir / 'checkpoints' / checkpoint.step_file(stopped_at)} at step {stopped_at}" in resumed.stdout
-    assert checkpoint.load(checkpoint.latest(run_dir)).step == stopped_at + 3
+    assert f"resuming from {run_dir / 'checkpoints' / runs.step_file(stopped_at)} at step {stopped_at}" in resumed.stdout
+    assert checkpoint.load(runs.latest(run_dir)).step == stopped_at + 3
     assert (run_dir / ".hydra-1" / "overrides.yaml").is_file()  # the first invocation's record is kept
 
 
@@ -146,14 +146,14 @@ def test_after_a_stop_the_hint_resumes_only_what_was_saved(tmp_path):
 
     assert after_stop(tmp_path, "tinygpt train").startswith("stopped before the run saved a checkpoint: nothing to resume")
     (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / checkpoint.step_file(5)).write_bytes(b"x")
+    (tmp_path / "checkpoints" / runs.step_file(5)).write_bytes(b"x")
     assert after_stop(tmp_path, "tinygpt train") == f"resume with: tinygpt train <the same overrides> hydra.run.dir={tmp_path}"
 
 
 def test_a_resume_examines_its_checkpoint_once(tmp_path, data_root):
     """`train.py hydra.run.dir=R` into a run: the command line finds where it resumes from before
     Hydra writes anything and the run's set-up takes that as found. Counted through a
-    sitecustomize hook: each checkpoint is examined (gpt.checkpoints.loading.resumable) once, and read twice
+    sitecustomize hook: each checkpoint is examined (gpt.checkpoints.resume.resumable) once, and read twice
     (mapped to be examined, then loaded to resume); it was examined twice and read three times."""
     from helpers import hooked_pythonpath
 
@@ -164,16 +164,16 @@ def test_a_resume_examines_its_checkpoint_once(tmp_path, data_root):
     hook = (
         "import atexit, collections\n"
         "from pathlib import Path\n"
-        "from gpt import checkpoint, loading\n"
+        "from gpt.checkpoints import checkpoint, resume\n"
         "seen = collections.Counter()\n"
-        "real_examine, real_read = loading.resumable, checkpoint.load\n"
+        "real_examine, real_read = resume.resumable, checkpoint.load\n"
         "def resumable(path):\n"
         "    seen['examined ' + Path(path).name] += 1\n"
         "    return real_examine(path)\n"
         "def load(path, *a, **k):\n"
         "    seen['read ' + Path(path).name] += 1\n"
         "    return real_read(path, *a, **k)\n"
-        "loading.resumable, checkpoint.load = resumable, load\n"
+        "resume.resumable, checkpoint.load = resumable, load\n"
         "atexit.register(lambda: print('counted', dict(sorted(seen.items()))))\n"
     )
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONPATH": hooked_pythonpath(tmp_path / "hook", hook)}

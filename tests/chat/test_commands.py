@@ -12,6 +12,7 @@ import pytest
 
 from gpt.chat.synthetic import suite
 from gpt.checkpoints import checkpoint
+from gpt.checkpoints.runs import latest
 from helpers import TEXT, assert_one_line_error, run_script
 
 QUESTIONS = ["What is 12 + 30?", "Who are you?", "Reverse the word 'stone'."]
@@ -283,7 +284,7 @@ def test_sft_resumes_bitwise_full_and_lora(runs, tmp_path, lora):
     rest = train_recording_losses(compose(overrides, tmp_path / "split"))
     assert sorted(first) == list(range(1, 7)) and sorted(rest) == list(range(7, 11))
     assert {**first, **rest} == full
-    a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)).model for d in ("full", "split"))
+    a, b = (checkpoint.load(latest(tmp_path / d)).model for d in ("full", "split"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     start = checkpoint.load(base / "checkpoints" / "best.pt").model["transformer.wte.weight"]
     trained = a["transformer.wte.weight"]

@@ -46,7 +46,7 @@ def test_jsonl_of_conversations_is_prepared_with_its_mask_and_split_by_conversat
     data = load(settings(path), tmp_path / "root")
     tok = data.tokenizer
     assert isinstance(tok, ChatTokenizer) and data.meta["kind"] == "chat"
-    train, val = data.chat["train"], data.chat["val"]
+    train, val = data.splits["train"], data.splits["val"]
     assert len(train) + len(val) == 12 and len(val) == 3  # val_fraction 0.25 of the conversations
     rendered = {tuple(tok.render(conversation_of(r, "r"))[0]) for r in chats()}
     for split in (train, val):
@@ -70,7 +70,7 @@ def test_prepared_once_and_again_when_the_file_changes(tmp_path):
     assert (root / "chats" / "meta.json").stat().st_mtime_ns == stamp
     write_jsonl(path, chats(16))
     data = load(settings(str(path)), root)
-    assert len(data.chat["train"]) + len(data.chat["val"]) == 16
+    assert len(data.splits["train"]) + len(data.splits["val"]) == 16
 
 
 @pytest.mark.parametrize(
@@ -229,8 +229,8 @@ def test_a_damaged_file_is_prepared_again_and_an_intact_one_is_not_reread(tmp_pa
     import gpt.data.chat as chat_data
 
     reads = []
-    real = chat_data._crc32
-    monkeypatch.setattr(chat_data, "_crc32", lambda p: reads.append(p.name) or real(p))
+    real = chat_data.crc32
+    monkeypatch.setattr(chat_data, "crc32", lambda p: reads.append(p.name) or real(p))
     load(settings(path), root)
     assert reads == []  # stamped when written: nothing reread
     shard = root / "chats" / "train.tokens.bin"
@@ -240,4 +240,4 @@ def test_a_damaged_file_is_prepared_again_and_an_intact_one_is_not_reread(tmp_pa
     stamp = (root / "chats" / "meta.json").stat().st_mtime_ns
     data = load(settings(path), root)
     assert "train.tokens.bin" in reads and (root / "chats" / "meta.json").stat().st_mtime_ns != stamp
-    assert shard.read_bytes() != bytes(damaged) and len(data.chat["train"]) == 9  # prepared again, whole
+    assert shard.read_bytes() != bytes(damaged) and len(data.splits["train"]) == 9  # prepared again, whole

@@ -16,7 +16,7 @@ from gpt.config import SamplingSettings
 from gpt.generation import generate
 from gpt.model import GPT, GPTConfig
 from gpt.tokenizers import TiktokenTokenizer
-from gpt.tokenizers.hf import train_bpe
+from gpt.tokenizers.bpe import train_bpe
 from helpers import random_conversation, template_ids
 
 transformers = pytest.importorskip("transformers")

@@ -9,7 +9,8 @@ import pytest
 from gpt.chat.template import SPECIAL_TOKENS, ChatTokenizer, check_messages, jinja_template
 from gpt.errors import TinyGPTError
 from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, tokenizer_from_dict, tokenizer_identity
-from gpt.tokenizers.hf import HFTokenizer, train_bpe
+from gpt.tokenizers.bpe import train_bpe
+from gpt.tokenizers.hf import HFTokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt.data import prepare
-from gpt.data.prepare import read_meta
+from gpt.data import prepare, shards
+from gpt.data.shards import read_meta
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from helpers import REPO, TEXT, data_settings, load, write_corpus, write_ranks
@@ -51,10 +51,10 @@ def test_prepare_is_idempotent(tmp_path):
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     assert prep_char(src, out) == meta
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # nothing rewritten
-    (train,) = prepare.open_split(out, meta, "train")
-    (val,) = prepare.open_split(out, meta, "val")
+    (train,) = shards.open_split(out, meta, "train")
+    (val,) = shards.open_split(out, meta, "val")
     assert len(train) + len(val) == len(TEXT) and len(val) == len(TEXT) - int(len(TEXT) * 0.9)
-    tok = prepare.tokenizer_of(meta)
+    tok = shards.tokenizer_of(meta)
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == TEXT
     assert train.dtype == np.uint16
 
@@ -64,25 +64,25 @@ def test_prepare_survives_interruption(tmp_path, monkeypatch):
     out = tmp_path / "prep"
     reference = prep_char(src, tmp_path / "ref")
 
-    real_write = prepare._write_tokens
+    real_write = prepare.write_tokens
 
     def dies_on_val(path, tokens):
         if path.name == "val-0000.bin":
             raise KeyboardInterrupt  # as if Ctrl-C arrived between the two splits
         real_write(path, tokens)
 
-    monkeypatch.setattr(prepare, "_write_tokens", dies_on_val)
+    monkeypatch.setattr(prepare, "write_tokens", dies_on_val)
     with pytest.raises(KeyboardInterrupt):
         prep_char(src, out)
     assert not (out / "meta.json").exists()
-    assert prepare.read_meta(out, reference["fingerprint"]) is None
+    assert shards.read_meta(out, reference["fingerprint"]) is None
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
 
-    monkeypatch.setattr(prepare, "_write_tokens", real_write)
+    monkeypatch.setattr(prepare, "write_tokens", real_write)
     meta = prep_char(src, out)
     assert _same(meta, reference)
-    for split in prepare.SPLITS:
-        name = prepare.shard_name(split, 0)
+    for split in shards.SPLITS:
+        name = shards.shard_name(split, 0)
         assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
@@ -105,7 +105,7 @@ def test_truncated_tokens_or_changed_settings_trigger_reprepare(tmp_path):
     meta = prep_char(src, out)
     full = (out / "train-0000.bin").read_bytes()
     (out / "train-0000.bin").write_bytes(full[:100])  # e.g. a disk filled up mid-copy
-    assert prepare.read_meta(out, meta["fingerprint"]) is None
+    assert shards.read_meta(out, meta["fingerprint"]) is None
     prep_char(src, out)
     assert (out / "train-0000.bin").read_bytes() == full
     other = prep_char(src, out, 0.2)
@@ -240,9 +240,9 @@ def test_a_shard_damaged_since_preparation_is_prepared_again_not_trained_on(tmp_
     )
     shard.write_bytes(bytes(broken))
     notices = []
-    assert prepare.read_meta(out, meta["fingerprint"], log=notices.append) is None
+    assert shards.read_meta(out, meta["fingerprint"], log=notices.append) is None
     assert "train-0000.bin no longer matches its checksum" in notices[0]
-    assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.SIZES) is not None  # the cheap path other ranks take
+    assert shards.read_meta(out, meta["fingerprint"], verify=shards.SIZES) is not None  # the cheap path other ranks take
     prep_char(src, out)
     assert shard.read_bytes() == full
 
@@ -257,14 +257,14 @@ def test_a_start_reads_only_the_shards_whose_stamp_changed(tmp_path, monkeypatch
     out = tmp_path / "prep"
     meta = prep_char(src, out)
     read = []
-    real = prepare._crc32
-    monkeypatch.setattr(prepare, "_crc32", lambda path, *a: (read.append(path.name), real(path, *a))[1])
-    assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == []  # stamped when written
+    real = shards.crc32
+    monkeypatch.setattr(shards, "crc32", lambda path, *a: (read.append(path.name), real(path, *a))[1])
+    assert shards.read_meta(out, meta["fingerprint"]) == meta and read == []  # stamped when written
     shard = out / "train-0000.bin"
     shard.write_bytes(shard.read_bytes())  # same bytes, written again: its mtime moves
-    assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]
-    assert prepare.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]  # stamped anew
-    assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.FULL) == meta
+    assert shards.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]
+    assert shards.read_meta(out, meta["fingerprint"]) == meta and read == ["train-0000.bin"]  # stamped anew
+    assert shards.read_meta(out, meta["fingerprint"], verify=shards.FULL) == meta
     assert read == ["train-0000.bin", "train-0000.bin", "val-0000.bin"]
     # A byte changed and the mtime set back (as cp -p or rsync -a would): the ctime moved, checked.
     before = shard.stat()
@@ -273,15 +273,15 @@ def test_a_start_reads_only_the_shards_whose_stamp_changed(tmp_path, monkeypatch
     shard.write_bytes(bytes(data))
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
     notices = []
-    assert prepare.read_meta(out, meta["fingerprint"], log=notices.append) is None
+    assert shards.read_meta(out, meta["fingerprint"], log=notices.append) is None
     assert "train-0000.bin no longer matches its checksum" in notices[0]
     # Damage no stamp sees (bit rot under an unchanged inode): a stamp that vouches for the
     # damaged file, forged here; only FULL reads it.
     raw = (out / "meta.json").read_bytes()
-    prepare.write_stamps(out, raw, {name: prepare._stamp(out / name) for name in ("train-0000.bin", "val-0000.bin")})
-    assert prepare.read_meta(out, meta["fingerprint"]) == meta
+    shards.write_stamps(out, raw, {name: shards.stamp(out / name) for name in ("train-0000.bin", "val-0000.bin")})
+    assert shards.read_meta(out, meta["fingerprint"]) == meta
     notices.clear()
-    assert prepare.read_meta(out, meta["fingerprint"], verify=prepare.FULL, log=notices.append) is None
+    assert shards.read_meta(out, meta["fingerprint"], verify=shards.FULL, log=notices.append) is None
     assert "train-0000.bin no longer matches its checksum" in notices[0]
 
 
@@ -289,18 +289,18 @@ def test_stamps_of_another_preparation_or_an_unwritable_folder_mean_a_full_check
     src = _write_text(tmp_path)
     out = tmp_path / "prep"
     prep_char(src, out)
-    old_stamps = (out / prepare.STAMPS).read_text()
+    old_stamps = (out / shards.STAMPS).read_text()
     meta = prep_char(src, out, 0.2)  # prepared again: other shards, another meta
-    (out / prepare.STAMPS).write_text(old_stamps)  # a stale record must not vouch for the new shards
+    (out / shards.STAMPS).write_text(old_stamps)  # a stale record must not vouch for the new shards
     read = []
-    real = prepare._crc32
-    monkeypatch.setattr(prepare, "_crc32", lambda path, *a: (read.append(path.name), real(path, *a))[1])
-    assert prepare.read_meta(out, meta["fingerprint"]) == meta and sorted(read) == ["train-0000.bin", "val-0000.bin"]
-    (out / prepare.STAMPS).unlink()
+    real = shards.crc32
+    monkeypatch.setattr(shards, "crc32", lambda path, *a: (read.append(path.name), real(path, *a))[1])
+    assert shards.read_meta(out, meta["fingerprint"]) == meta and sorted(read) == ["train-0000.bin", "val-0000.bin"]
+    (out / shards.STAMPS).unlink()
     monkeypatch.setattr(prepare.io, "write_json", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "read-only")))
     read.clear()
     for _ in range(2):  # a read-only data root: no stamps, every start checks, nothing fails
-        assert prepare.read_meta(out, meta["fingerprint"]) == meta
+        assert shards.read_meta(out, meta["fingerprint"]) == meta
     assert len(read) == 4
 
 
@@ -310,7 +310,7 @@ def test_a_meta_that_is_not_an_object_reads_as_unprepared(tmp_path):
     meta = prep_char(src, out)
     for text in ("[1, 2]", '"meta"', "null", "{bad json"):
         (out / "meta.json").write_text(text)
-        assert prepare.read_meta(out, meta["fingerprint"]) is None
+        assert shards.read_meta(out, meta["fingerprint"]) is None
 
 
 def test_preparing_in_this_process_leaves_its_signal_handlers_alone(tmp_path):

@@ -88,7 +88,7 @@ def test_a_llama_family_model_loads_with_transformers_logits(tmp_path, family):
     c = ours.config
     assert (c.norm, c.mlp, c.pos_encoding, c.rope_theta, c.n_kv_head) == ("rmsnorm", "swiglu", "rope", 500.0, 2)
     assert c.tie_embeddings == (family == "llama_tied") and c.qk_norm == (family == "qwen3")
-    assert c.attn_bias == (family in ("qwen2", "llama_biased")) and c.bias == (family == "llama_biased")
+    assert c.qkv_bias == (family in ("qwen2", "llama_biased")) and c.bias == (family == "llama_biased")
     assert _diff(ours, hf, torch.randint(0, 64, (3, 32))) <= TOL
 
 
@@ -182,7 +182,7 @@ def test_every_config_field_is_read_refused_or_without_effect():
 
 def test_a_tokenizer_json_beside_the_model_is_its_tokenizer(tmp_path):
     """A Hub folder's tokenizer.json becomes an `hf` tokenizer; sample and eval can then use it."""
-    from gpt.tokenizers.hf import train_bpe
+    from gpt.tokenizers.bpe import train_bpe
 
     bpe = train_bpe(["hello world, the world says hello " * 20], 300)
     hf, folder = _saved(tmp_path, LlamaConfig(**{**SMALL, "vocab_size": 320}))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpt.config import GPTSettings, TrainSettings
+from gpt.config import TrainSettings
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig, compute, registry
 from gpt.training import train
@@ -83,7 +83,7 @@ def test_flops_agree_with_torch_flop_counter(shape, attention):
     ours = (model.flops_per_token() - 6 * vectors) * B * T
     if attention == "sdpa":
         c = model.config
-        ours -= 12 * c.n_layer * c.n_head * c.dim_per_head * T * B * T
+        ours -= 12 * c.n_layer * c.n_head * c.head_dim * T * B * T
     with FlopCounterMode(display=False) as forward:
         model(idx)
     assert forward.get_total_flops() == ours / 3
@@ -138,8 +138,8 @@ def test_bad_horizons_are_refused():
 
 def test_depth_scales_layers_heads_and_width_together():
     def shape(**kw):
-        c = registry.config_from_settings(GPTSettings(**kw), vocab_size=V)
-        return c.n_layer, c.n_head, c.n_embd, c.dim_per_head
+        c = registry.with_vocab(GPTConfig(**kw), V)
+        return c.n_layer, c.n_head, c.n_embd, c.head_dim
 
     assert shape(depth=12) == (12, 12, 768, 64)  # GPT-2 small
     assert shape(depth=3, aspect_ratio=32) == (3, 3, 96, 32)

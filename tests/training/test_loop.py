@@ -16,7 +16,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from gpt.errors import TinyGPTError
 from gpt.runtime.preemption import Preempted
 from gpt.training import Trainer, build_run, train
@@ -44,11 +44,11 @@ def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, acc
 
     first = train_recording_losses(compose(overrides, tmp_path / "split"), stop_after=stop_at)
     assert sorted(first) == list(range(1, stop_at + 1))  # stopped after finishing that step
-    assert checkpoint.latest(tmp_path / "split").name == checkpoint.step_file(stop_at)
+    assert runs.latest(tmp_path / "split").name == runs.step_file(stop_at)
     rest = train_recording_losses(compose(overrides, tmp_path / "split"))  # same run dir: resume=auto
     assert sorted(rest) == list(range(stop_at + 1, 31))
     assert {**first, **rest} == full  # bitwise: same floats at every step
-    a, b = (checkpoint.load(checkpoint.latest(tmp_path / d)) for d in ("full", "split"))
+    a, b = (checkpoint.load(runs.latest(tmp_path / d)) for d in ("full", "split"))
     assert a.best_val_loss == b.best_val_loss
     assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
     evals = lambda d: [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]  # noqa: E731
@@ -63,7 +63,7 @@ def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
     more = train_recording_losses(compose([*overrides, "train.max_iters=40", f"resume={tmp_path / 'a'}"], tmp_path / "b"))
     assert sorted(more) == list(range(31, 41))
     assert {p.name: p.read_bytes() for p in (tmp_path / "a" / "checkpoints").iterdir()} == before
-    assert checkpoint.latest(tmp_path / "b").name == "ckpt-0000040.pt"
+    assert runs.latest(tmp_path / "b").name == "ckpt-0000040.pt"
 
 
 def _events(run_dir) -> EventAccumulator:
@@ -199,7 +199,7 @@ def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_p
     root, data_overrides = data_root
     overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
     train(compose(overrides, tmp_path))
-    before = {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *checkpoint.step_checkpoints(tmp_path)]}
+    before = {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *runs.step_checkpoints(tmp_path)]}
     real = training.build_run
 
     def build_run_then_sigterm(cfg, *args):
@@ -209,7 +209,7 @@ def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_p
     monkeypatch.setattr(training, "build_run", build_run_then_sigterm)
     with pytest.raises(Preempted, match="SIGTERM received outside the training loop"):
         train(compose([*overrides, "train.max_iters=20"], tmp_path))
-    assert {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *checkpoint.step_checkpoints(tmp_path)]} == before
+    assert {p.name: p.read_bytes() for p in [tmp_path / "summary.json", *runs.step_checkpoints(tmp_path)]} == before
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
 
 
@@ -307,7 +307,7 @@ def test_a_stop_right_after_an_eval_saves_once(tmp_path, data_root, monkeypatch)
     monkeypatch.setattr(saving, "save", lambda run, *a, **k: (saved.append(run.progress.step), real(run, *a, **k))[1])
     overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", "threads=1"]
     train_recording_losses(compose(overrides, tmp_path), stop_after=5)
-    assert saved == [5] and checkpoint.latest(tmp_path).name == checkpoint.step_file(5)
+    assert saved == [5] and runs.latest(tmp_path).name == runs.step_file(5)
     saved.clear()
     stop = StopRequest(log=lambda *a: None)
     stop.request("SIGTERM")  # as a signal kept through a distributed run's set-up

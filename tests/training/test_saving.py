@@ -9,7 +9,8 @@ import logging
 import pytest
 import torch
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
+from gpt.checkpoints.resume import resumable
 from gpt.errors import TinyGPTError
 from gpt.training import train
 from helpers import ENGINE_RUN, compose, poison_forward
@@ -27,8 +28,8 @@ def test_an_eval_inside_a_bad_streak_saves_nothing_and_prunes_nothing(tmp_path, 
     with pytest.raises(TinyGPTError, match=r"diverged: 12 non-finite steps in a row at step 24.*ckpt-0000010\.pt"):
         train(cfg)
     assert "step 20 not saved (non-finite loss or weights)" in caplog.text
-    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
-    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path)).model.values())
+    assert [p.name for p in runs.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(runs.latest(tmp_path)).model.values())
 
 
 def test_a_learning_rate_that_blows_the_weights_up_leaves_the_good_checkpoints(tmp_path, data_root, caplog):
@@ -37,13 +38,13 @@ def test_a_learning_rate_that_blows_the_weights_up_leaves_the_good_checkpoints(t
     root, data_overrides = data_root
     base = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=10"]
     train(compose(base, tmp_path))
-    good = checkpoint.load(checkpoint.latest(tmp_path))
+    good = checkpoint.load(runs.latest(tmp_path))
     caplog.set_level(logging.INFO, logger="tinygpt")
     wild = [*base, "train.max_iters=30", "train.eval_interval=2", "optim.lr=1e30", "optim.muon_lr=1e30", "train.max_bad_steps=4"]
     with pytest.raises(TinyGPTError, match=r"diverged.*the last good checkpoint is .*ckpt-0000010\.pt"):
         train(compose(wild, tmp_path))
     assert "not saved (non-finite loss or weights)" in caplog.text
-    kept = checkpoint.step_checkpoints(tmp_path)
+    kept = runs.step_checkpoints(tmp_path)
     assert [p.name for p in kept] == ["ckpt-0000010.pt"]
     again = checkpoint.load(kept[0])
     assert all(torch.equal(again.model[k], v) for k, v in good.model.items())
@@ -55,8 +56,6 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint
     no temporary left."""
     import errno
     import os
-
-    from gpt.checkpoints import loading
 
     root, data_overrides = data_root
     real = torch.save
@@ -71,4 +70,4 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint
     with pytest.raises(TinyGPTError, match=r"ckpt-0000020\.pt \(No space left on device\); the previous one is kept"):
         train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"], tmp_path))
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("ckpt")] == ["ckpt-0000010.pt"]
-    assert loading.resumable(tmp_path / "checkpoints" / "ckpt-0000010.pt").step == 10
+    assert resumable(tmp_path / "checkpoints" / "ckpt-0000010.pt").step == 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpt.checkpoints import loading
+from gpt.checkpoints import loading, runs
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import generate
@@ -113,7 +113,7 @@ def test_a_run_from_before_min_lr_ratio_keeps_its_floor(tmp_path, data_root, cap
 
     base = [*_four_steps(data_root), "optim.lr=1e-3"]
     train(compose(base, tmp_path))
-    path = checkpoint.latest(tmp_path)
+    path = runs.latest(tmp_path)
     old = checkpoint.load(path)
     del old.config["optim"]["min_lr_ratio"]
     old.config["optim"]["min_lr"] = 3e-4
@@ -133,7 +133,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
 
     base = _four_steps(data_root)
     train(compose(base, tmp_path))
-    older, newest = checkpoint.step_checkpoints(tmp_path)[-2:]
+    older, newest = runs.step_checkpoints(tmp_path)[-2:]
     damaged = newest.read_bytes()[:4096]
     newest.write_bytes(damaged)
     with caplog.at_level("INFO", logger="tinygpt"):
@@ -142,7 +142,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
     aside = newest.with_name(newest.name + ".damaged")
     assert aside.read_bytes() == damaged and not newest.exists()
     assert f"set aside as {aside.name}, resuming from {older.name}" in caplog.text
-    kept = checkpoint.step_checkpoints(tmp_path)
+    kept = runs.step_checkpoints(tmp_path)
     for path in kept:
         path.write_bytes(b"not a checkpoint")
     with pytest.raises(TinyGPTError, match="holds checkpoints but none can be resumed from"):

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from gpt.checkpoints import checkpoint
+from gpt.checkpoints import checkpoint, runs
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.runtime import devices
@@ -62,7 +62,7 @@ def test_isolated_nan_steps_are_skipped(tmp_path, data_root, monkeypatch, caplog
     caplog.set_level(logging.INFO, logger="tinygpt")
     train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_iters=15"], tmp_path))
     assert caplog.text.count("update skipped") == 2 and "2 non-finite step(s) skipped" in caplog.text
-    ckpt = checkpoint.load(checkpoint.latest(tmp_path))
+    ckpt = checkpoint.load(runs.latest(tmp_path))
     assert ckpt.step == 15 and ckpt.training.bad_steps == 2
     assert all(torch.isfinite(v).all() for v in ckpt.model.values())
 
@@ -73,5 +73,5 @@ def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_roo
     cfg = compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.max_bad_steps=3"], tmp_path)
     with pytest.raises(TinyGPTError, match="diverged: 3 non-finite steps in a row at step 15.*ckpt-0000010.pt"):
         train(cfg)
-    assert [p.name for p in checkpoint.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
-    assert all(torch.isfinite(v).all() for v in checkpoint.load(checkpoint.latest(tmp_path)).model.values())
+    assert [p.name for p in runs.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
+    assert all(torch.isfinite(v).all() for v in checkpoint.load(runs.latest(tmp_path)).model.values())

@@ -1,0 +1,134 @@
+"""Prepared data on disk, the format: token shards (memmap-able .bin files of uint16, or uint32
+when the vocabulary needs it) and meta.json, which is the commit marker.
+
+meta.json is written last, atomically, and only a meta whose fingerprint matches the requested
+settings *and* whose files have the recorded sizes and CRC-32 checksums counts as prepared data
+(a shard damaged since, same size or not, is prepared again). A crash, Ctrl-C or kill -9 at any
+moment leaves nothing that passes.
+
+Reading every shard for its checksum at every start would cost minutes on a large corpus, so a
+file checked once is stamped (`verified.json`: its size, mtime, inode and ctime, with the hash of
+the meta it was checked against), and later starts check the CRC of a file only when its stamp
+changed: any write to a shard, or a copy put in its place, changes it. `verify=FULL`
+(data.verify=true) checks every shard anyway, for damage no stamp sees (bit rot on the disk).
+Text shards (gpt.data.prepare) and prepared conversations (gpt.data.chat) both keep it this way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from gpt.runtime import io
+from gpt.tokenizers import Tokenizer, tokenizer_from_dict
+
+FORMAT_VERSION = 2
+SPLITS = ("train", "val")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def fingerprint(settings: dict) -> str:
+    blob = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def shard_name(split: str, i: int) -> str:
+    return f"{split}-{i:04d}.bin"
+
+
+FULL, STAMP, SIZES = "full", "stamp", "sizes"  # how read_meta checks the shards
+STAMPS = "verified.json"
+
+
+def read_meta(out_dir: Path, expected_fingerprint: str, verify: str = STAMP, log=print) -> dict | None:
+    """The meta of complete, matching, intact prepared data in out_dir, or None. Every shard must
+    have its recorded size; `verify` says how its bytes are checked against its CRC-32: FULL every
+    shard, STAMP those whose size or mtime changed since they were last checked (see the
+    module's docstring), SIZES none (another process of this node just checked them). Data
+    prepared before CRCs were recorded is taken on its sizes. Says which shard failed."""
+    try:
+        raw = (out_dir / "meta.json").read_bytes()
+        meta = json.loads(raw)
+        if not isinstance(meta, dict) or meta.get("fingerprint") != expected_fingerprint:
+            return None
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        stamps = read_stamps(out_dir, raw) if verify == STAMP else {}
+        checked = {}
+        for split in SPLITS:
+            sums = meta.get("crc32", {}).get(split) if verify != SIZES else None
+            for i, n in enumerate(meta["shards"][split]):
+                path = out_dir / shard_name(split, i)
+                if not path.exists() or path.stat().st_size != n * itemsize:
+                    return None
+                if sums is None:
+                    continue
+                seen = stamp(path)
+                if stamps.get(path.name) != seen and crc32(path) != sums[i]:
+                    log(f"notice: {path} no longer matches its checksum (damaged since it was prepared); preparing again")
+                    return None
+                checked[path.name] = seen
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    if checked and checked != stamps:
+        write_stamps(out_dir, raw, checked)
+    return meta
+
+
+def stamp(path: Path) -> list[int]:
+    """Size, mtime, and the inode and ctime, which no copy can restore (cp -p, rsync -a and tar
+    set the mtime back, not the ctime): a shard replaced or rewritten in any way has a new stamp."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def read_stamps(out_dir: Path, meta_bytes: bytes) -> dict:
+    """The stamps of the shards last checked against this very meta ({} if none, or another's)."""
+    try:
+        record = json.loads((out_dir / STAMPS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict) or record.get("meta") != _digest(meta_bytes) or not isinstance(record.get("shards"), dict):
+        return {}
+    return record["shards"]
+
+
+def write_stamps(out_dir: Path, meta_bytes: bytes, stamps: dict) -> None:
+    """Record the shards just checked (or written). A data root that cannot be written (shared,
+    read-only) just gets no stamps: every start then checks every shard, as before."""
+    try:
+        io.write_json(out_dir / STAMPS, {"meta": _digest(meta_bytes), "shards": stamps})
+    except OSError:
+        pass
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def crc32(path: Path, chunk: int = 16 << 20) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def open_split(out_dir: Path, meta: dict, split: str) -> list[np.memmap]:
+    """The shards of a split as read-only memmaps: nothing is loaded into RAM."""
+    dtype = np.dtype(meta["dtype"])
+    return [np.memmap(out_dir / shard_name(split, i), dtype=dtype, mode="r") for i, n in enumerate(meta["shards"][split]) if n]
+
+
+def tokenizer_of(meta: dict) -> Tokenizer:
+    return tokenizer_from_dict(meta["tokenizer"])
+
+
+def write_tokens(path: Path, tokens: np.ndarray) -> None:
+    io.write_bytes(path, tokens.tobytes())

@@ -1,0 +1,102 @@
+"""Token-level decoding: a batch of token prompts, one step at a time, through the KV cache (or,
+for recurrent models, their carried state)."""
+
+from __future__ import annotations
+
+import torch
+
+from gpt.config import SamplingSettings
+from gpt.generation.sampling import next_tokens
+from gpt.model import GPT
+from gpt.model.cache import KVCache
+from gpt.model.rnn import RNNState
+
+
+class Decoder:
+    """Decodes a batch of token prompts one step at a time.
+
+    Prompts may differ in length: they are left-padded into one batch, and the padding is masked
+    out of attention and position ids, so each row gets exactly the tokens it would get alone.
+    Each row samples from its own seeded generator (`seeds[b]`), for the same reason.
+    """
+
+    def __init__(self, model: GPT, prompts: list[list[int]], cfg: SamplingSettings, seeds: list[int]):
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.model, self.cfg = model, cfg
+        self.block_size = model.config.block_size
+        self.device = next(model.parameters()).device
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        self.pad = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
+        rows = [[0] * (width - len(p)) + list(p) for p in prompts]
+        self.tokens = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, columns so far)
+        self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        self.cache: KVCache | None = None
+        self.offset = 0  # column of self.tokens where the cache's column 0 sits
+        self.seen = torch.zeros(len(prompts), model.config.vocab_size, dtype=torch.bool, device=self.device)
+        if cfg.repetition_penalty != 1.0:
+            for b, p in enumerate(prompts):
+                self.seen[b, torch.tensor(p, device=self.device)] = True
+
+    def _next_logits(self) -> torch.Tensor:
+        if getattr(self.model, "recurrent", False):
+            return self._next_logits_recurrent()
+        if not self.cfg.kv_cache:
+            return self._plain_logits()
+        width = self.tokens.size(1)
+        cache = self.cache
+        if cache is not None and width - self.offset <= cache.max_len:
+            # Only the columns the cache has not seen yet (after the first step: one).
+            logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache, last_only=True)
+        else:
+            # Encode a window from scratch: everything, or once the longest row outgrows the
+            # context, its last block_size tokens (shorter rows keep their padding in front).
+            self.offset = max(0, width - self.block_size)  # the longest row has no padding
+            window = self.tokens[:, self.offset :]
+            pad = (self.pad - self.offset).clamp(min=0)
+            # The longest row fills the context at block_size + its padding columns.
+            self.cache = KVCache(self.model.config.n_layer, self.block_size + int(pad.min()), pad)
+            logits, _ = self.model(window, cache=self.cache, last_only=True)
+        return logits[:, -1, :].float()
+
+    def _plain_logits(self) -> torch.Tensor:
+        """kv_cache=false: the model's plain forward pass over each row's own last block_size
+        tokens, with no cache, no padding and no mask (rows of one length go together). It shares
+        no code with the cached path, so comparing the two can catch a bug in either."""
+        out: list[torch.Tensor | None] = [None] * self.tokens.size(0)
+        for pad in self.pad.unique().tolist():
+            rows = (self.pad == pad).nonzero().flatten()
+            window = self.tokens[rows, pad:][:, -self.block_size :]
+            logits, _ = self.model(window, last_only=True)
+            for i, row in enumerate(rows.tolist()):
+                out[row] = logits[i, -1, :]
+        return torch.stack(out).float()
+
+    def _next_logits_recurrent(self) -> torch.Tensor:
+        """Recurrent models carry a fixed-size state instead of a cache and have no context
+        limit. Each prompt is read on its own (padding would flow into the state), then the
+        rows step together. Without `kv_cache` every step re-reads each row from the start."""
+        if self.cfg.kv_cache and self.cache is not None:
+            logits, _ = self.model(self.tokens[:, -1:], cache=self.cache, last_only=True)
+            return logits[:, -1, :].float()
+        states, last = [], []
+        for b in range(self.tokens.size(0)):
+            state = RNNState()
+            logits, _ = self.model(self.tokens[b : b + 1, int(self.pad[b]) :], cache=state, last_only=True)
+            states.append(state)
+            last.append(logits[:, -1, :])
+        self.cache = RNNState.stack(states)
+        return torch.cat(last).float()
+
+    @torch.no_grad()
+    def step(self, vocab_limit: int | None = None) -> torch.Tensor:
+        """Choose and append the next token of every row; returns them, shape (B,)."""
+        logits = self._next_logits()
+        if vocab_limit is not None and vocab_limit < logits.size(-1):
+            # A model may have more output ids than its tokenizer (padded vocab): never pick those.
+            logits[:, vocab_limit:] = float("-inf")
+        next_ids = next_tokens(logits, self.cfg, self.seen, self.generators)
+        self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
+        self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
+        return next_ids

@@ -1,0 +1,95 @@
+"""The KV cache: keys and values of the positions already processed, so that generating the next
+token costs one position's work instead of the whole context's. It owns its state: attention
+stores into it, the model advances it and asks it for positions and the attention mask, and a
+serving engine selects and merges its rows; nothing else writes its tensors."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """One (B, n_kv_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype
+    the layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
+    the number of padding columns in front of row b, which no query ever attends to."""
+
+    def __init__(self, n_layer: int, max_len: int, pad: torch.Tensor):
+        self.max_len = max_len
+        self.pad = pad  # (B,) long
+        self.min_pad = int(pad.min())
+        self.length = 0  # columns filled so far
+        self.k: list[torch.Tensor | None] = [None] * n_layer
+        self.v: list[torch.Tensor | None] = [None] * n_layer
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys/values at the current columns; return all columns so far."""
+        if self.k[layer] is None:
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            self.k[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            self.v[layer] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        end = self.length + k.size(2)
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, columns: int) -> None:
+        """The columns every layer has just stored now count as filled."""
+        self.length += columns
+
+    def positions(self, columns: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids (B, T) and attention mask (B, 1, T, columns so far) for T new columns.
+
+        Row b's first real token sits at column pad[b] and gets position 0. A query at column c
+        sees columns pad[b]..c; a padding query sees only itself (its output is never used, but
+        a row with nothing to attend to would turn into NaNs)."""
+        start, T = self.length, columns
+        if start + T > self.max_len or start + T - self.min_pad > block_size:
+            raise ValueError(f"KV cache holds {start} columns; {T} more exceed its size or block_size")
+        q_col = torch.arange(start, start + T, device=device)
+        k_col = torch.arange(start + T, device=device)
+        pad = self.pad.to(device)
+        pos = (q_col[None, :] - pad[:, None]).clamp(min=0)
+        visible = (k_col[None, None, :] <= q_col[None, :, None]) & (k_col[None, None, :] >= pad[:, None, None])
+        visible |= k_col[None, None, :] == q_col[None, :, None]
+        return pos, visible[:, None]
+
+    # --- rows in, rows out (continuous batching) ----------------------------------------------
+
+    def select(self, rows: list[int], max_len: int) -> KVCache:
+        """The kept rows, with the padding columns every kept row has in front removed: the widest
+        row then starts at column 0, so the cache is as wide as the longest row; room for
+        `max_len` columns."""
+        idx = torch.tensor(rows, device=self.pad.device)
+        pad = self.pad[idx]
+        shift = int(pad.min())
+        k = [t[idx][:, :, shift : self.length] for t in self.k]
+        v = [t[idx][:, :, shift : self.length] for t in self.v]
+        return KVCache._holding(k, v, pad - shift, self.length - shift, max_len)
+
+    def merge(self, other: KVCache, max_len: int) -> KVCache:
+        """One cache with this one's rows then `other`'s, right-aligned (each row's newest column
+        is the last); the shorter side gets more padding in front."""
+        length = max(self.length, other.length)
+        k, v = [], []
+        for layer in range(len(self.k)):
+            for mine, theirs, out in ((self.k, other.k, k), (self.v, other.v, v)):
+                x, y = mine[layer][:, :, : self.length], theirs[layer][:, :, : other.length]
+                both = x.new_zeros((x.size(0) + y.size(0), x.size(1), length, x.size(3)))
+                both[: x.size(0), :, length - self.length :] = x
+                both[x.size(0) :, :, length - other.length :] = y
+                out.append(both)
+        pad = torch.cat([self.pad + (length - self.length), other.pad + (length - other.length)])
+        return KVCache._holding(k, v, pad, length, max_len)
+
+    @staticmethod
+    def _holding(k: list[torch.Tensor], v: list[torch.Tensor], pad: torch.Tensor, length: int, max_len: int) -> KVCache:
+        """A cache holding the first `length` columns of k/v, with room for max_len columns."""
+        cache = KVCache(len(k), max_len, pad)
+        for layer in range(len(k)):
+            shape = (k[layer].size(0), k[layer].size(1), max_len, k[layer].size(3))
+            cache.k[layer] = k[layer].new_zeros(shape)
+            cache.v[layer] = v[layer].new_zeros(shape)
+            cache.k[layer][:, :, :length] = k[layer][:, :, :length]
+            cache.v[layer][:, :, :length] = v[layer][:, :, :length]
+        cache.length = length
+        return cache

@@ -1,0 +1,109 @@
+"""Before a run touches anything: every check that needs no data (`preflight`), and a run
+directory taken for one run (`claim`): its lock held, where the run continues from examined.
+Decided once, here, and handed down as values: the command line claims the run directory before
+Hydra writes into it and passes the claim to `gpt.training.train`; a run started from Python (or
+a sweep's job) is claimed by `train` itself."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpt.checkpoints.resume import ResumePoint, parse_resume, resume_point
+from gpt.config import RunConfig
+from gpt.errors import RunRefused, TinyGPTError
+from gpt.runtime.runlock import RunLock
+
+
+def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = True) -> ResumePoint | None:
+    """The checks that need no data: the eval tasks' names, the data source and root, what the
+    run resumes from, what it starts from, the runtime (the model's shape was checked when the
+    settings were built). `run_dir`: the directory the run trains into, which may hold a run to
+    resume; returns where it resumes from, examined once (None without a run directory and no
+    resume= path). `here`: whether the run starts on this machine (a SLURM job finds its node's
+    devices itself)."""
+    from gpt.checkpoints import loading
+    from gpt.data import sources
+    from gpt.evals import tasks
+    from gpt.runtime import devices
+
+    tasks.check_names(settings.train.eval_tasks)
+    sources.check(settings.data.source)
+    _check_data_root(settings.paths.data_root())
+    point = None
+    if run_dir is not None or isinstance(parse_resume(settings.resume), Path):
+        point = resume_point(settings.resume, run_dir)
+    if point is not None and point.checkpoint is not None and not settings.init_from:
+        # (a finetune's data takes its base model's tokenizer, whatever data.tokenizer says:
+        # compared with the checkpoint's once the data is prepared, gpt.training.setup)
+        _check_tokenizer_kind(point.checkpoint, settings)
+    if settings.init_from:
+        loading.check(settings.init_from)
+    if here:
+        device, _ = devices.pick_device(settings.device)
+        devices.pick_dtype(device, settings.dtype)
+        devices.pick_compile(device, settings.compile)
+    return point
+
+
+@dataclass
+class Claim:
+    """A run directory taken for one run: its lock, held until `release`, and where the run
+    continues from."""
+
+    run_dir: Path
+    point: ResumePoint | None
+    lock: RunLock
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def claim(settings: RunConfig, run_dir: Path, log=None) -> Claim:
+    """Lock `run_dir` (one writer per run directory: of two starts into one directory exactly one
+    goes on, and nothing of the other's run is read or moved meanwhile), then `preflight`. A
+    refused start releases the lock and leaves no empty directory it made. The lock's refusal is
+    a RunRefused (the directory is another process's: nothing of it may be touched)."""
+    run_dir = Path(run_dir).expanduser().absolute()
+    created = not run_dir.exists()
+    lock = RunLock(run_dir, log=log or (lambda m: print(m, file=sys.stderr)))
+    try:
+        lock.acquire()
+    except RunRefused:
+        raise
+    except TinyGPTError as e:
+        raise RunRefused(str(e)) from None
+    try:
+        return Claim(run_dir, preflight(settings, run_dir), lock)
+    except BaseException:
+        lock.release()
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
+
+
+def _check_data_root(root: Path) -> None:
+    """A data root that is a file (or under one) cannot hold prepared data."""
+    for folder in (root, *root.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise TinyGPTError(f"paths.data_dir={root}: {folder} is a file; name a folder for prepared data")
+            return
+
+
+def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
+    """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
+    identity are known now; a char vocabulary or a BPE is fitted to its corpus, compared once the
+    data is prepared (gpt.training.setup)."""
+    from gpt.tokenizers import difference, normalize_spec, tokenizer_identity
+
+    theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
+    if "vocab_size" not in ours:  # known once the ranks file is read
+        theirs.pop("vocab_size", None)
+    # char and bpe are fitted to the corpus and hf read from its file: compared once the data is prepared
+    if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
+        raise TinyGPTError(
+            f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
+            f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"
+        )

@@ -1,0 +1,73 @@
+"""What a training run is made of once it is built (`Run`), and where it stands (`Progress`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gpt.checkpoints import runs
+from gpt.config import RunConfig
+from gpt.data import Dataset
+from gpt.runtime import devices, distributed
+from gpt.training.optim import CosineSchedule
+
+
+@dataclass
+class Progress:
+    """Where training stands: saved in every step checkpoint."""
+
+    step: int = 0
+    best_val: float = math.inf
+    bad_total: int = 0  # non-finite steps skipped so far
+    bad_in_a_row: int = 0
+    last_eval: dict[str, float] = field(default_factory=dict)  # {"train", "val"} of the newest eval
+    elapsed_s: float = 0.0  # wall-clock seconds the run took to reach the state saved or restored last
+    best_elapsed_s: float | None = None  # elapsed seconds when best_val was reached
+
+
+@dataclass(kw_only=True)
+class Run:
+    """Everything a run needs, built once by gpt.training.setup.build_run."""
+
+    cfg: RunConfig  # the settings as resolved for this run (horizon, schedule, finetuning, paths)
+    dist: distributed.Dist
+    rt: devices.Runtime
+    out_dir: Path
+    data: Dataset  # text or conversations, behind one interface
+    model: nn.Module  # the plain model: what is saved, sampled from and measured
+    model_config: Any  # GPTConfig or RNNConfig
+    lora: dict | None  # {"rank", "alpha"} while LoRA adapters are trained
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    schedule: CosineSchedule
+    batches: Any  # this rank's training batches (Dataset.batches)
+    step_model: nn.Module  # compiled and/or DDP-wrapped: the training forward
+    eval_model: nn.Module  # compiled only: evaluation needs no gradient sync
+    log: Callable[[str], None]  # rank 0 prints; the others are quiet
+    progress: Progress = field(default_factory=Progress)  # restored when resuming
+    tasks: dict[str, list] = field(default_factory=dict)  # train.eval_tasks' items (gpt.evals.tasks.Example), rank 0
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / runs.CKPT_DIR
+
+    def batches_for(self, split: str, batch_size: int, seed: int):
+        """This rank's batches of a split, as training draws them."""
+        return self.data.batches(
+            split, self.model_config.block_size, batch_size, self.rt.device, seed, self.dist.rank, self.dist.world_size
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        ts = self.cfg.train
+        return ts.batch_size * self.model_config.block_size * ts.grad_accum_steps * self.dist.world_size
+
+
+def quiet(*args, **kwargs) -> None:
+    """A log for ranks other than 0."""
