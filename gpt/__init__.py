@@ -11,7 +11,20 @@ from __future__ import annotations
 
 from gpt.version import __version__
 
-__all__ = ["__version__", "sample", "train"]
+__all__ = ["__version__", "loading", "sample", "train"]
+
+# Modules reachable from the package's face by their documented names, imported on first use:
+# `from gpt import loading; loading.load("outputs/runs/<stamp>")` (docs/sampling.md) is
+# gpt.checkpoints.loading.
+_FACE_MODULES = {"loading": "gpt.checkpoints.loading"}
+
+
+def __getattr__(name: str):
+    if name in _FACE_MODULES:
+        import importlib
+
+        return importlib.import_module(_FACE_MODULES[name])
+    raise AttributeError(f"module 'gpt' has no attribute {name!r}")
 
 
 def train(overrides: list[str] | tuple[str, ...] = (), on_step=None, on_eval=None) -> dict:

@@ -1,4 +1,4 @@
-"""gpt/config/__init__.py and configs/: every setting has one typed schema and one default. Every group
+"""gpt/config/ and configs/: every setting has one typed schema and one default. Every group
 option composes onto its schema, no YAML file restates a default, and settings built in Python
 are checked like composed ones. Run: pytest tests/test_config.py"""
 
@@ -87,7 +87,7 @@ def test_the_other_commands_compose():
 @pytest.mark.parametrize("group", ("model", "data", "optim", "task"))
 def test_no_group_option_restates_a_default(group):
     """A value in a group file must differ from what its schema (or the file it extends) gives:
-    a default lives in gpt/config/__init__.py only, so the two cannot drift apart."""
+    a default lives in gpt/config/ only, so the two cannot drift apart."""
     from omegaconf import OmegaConf
 
     for option in _options(group):
@@ -127,7 +127,7 @@ def test_no_global_option_restates_what_it_changes(group):
 
 def test_root_configs_only_pick_groups():
     for path in CONFIGS.glob("*.yaml"):
-        assert set(_yaml(path)) == {"defaults"}, f"{path.name}: settings belong in gpt/config/__init__.py"
+        assert set(_yaml(path)) == {"defaults"}, f"{path.name}: settings belong in gpt/config/"
 
 
 def test_the_default_config_is_the_schema_defaults():

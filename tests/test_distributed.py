@@ -203,7 +203,7 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
         tmp_path / "hooks",
         "import os\n"
         "if os.environ.get('RANK') == '0':\n"
-        "    from gpt import checkpoint\n"
+        "    from gpt.checkpoints import checkpoint\n"
         "    from gpt.errors import TinyGPTError\n"
         "    real = checkpoint.save\n"
         "    def save(path, ckpt):\n"

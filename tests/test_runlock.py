@@ -144,7 +144,7 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     examined = []
     real = resume_point
     monkeypatch.setattr(start, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
-    started = claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"], [])
+    started = claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"])
     assert started.pinned == [f"hydra.run.dir='{tmp_path / 'a'}'"] and started.claim.point is not None
     assert json.loads((tmp_path / "a" / runlock.LOCK).read_text())["pid"] == os.getpid()
     RunLock(tmp_path / "a").acquire().release()  # the trainer, in this process, finds it its own
@@ -154,7 +154,7 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     (tmp_path / "b" / "checkpoints" / "ckpt-0000010.pt").write_bytes(b"x")
     _write_lock(tmp_path / "b", pid=other_process.pid, started=runlock._started(other_process.pid))
     with pytest.raises(TinyGPTError, match="is being trained by process"):
-        claim_run_dir([f"hydra.run.dir={tmp_path / 'b'}"], [])
+        claim_run_dir([f"hydra.run.dir={tmp_path / 'b'}"])
     assert (tmp_path / "b" / ".hydra").is_dir() and not (tmp_path / "b" / ".hydra-1").exists()
     assert len(examined) == 1  # refused before its checkpoints were read
 
@@ -168,14 +168,14 @@ def test_an_interpolated_run_dir_is_resolved_once_and_locked(tmp_path, monkeypat
     from gpt.apps.train import claim_run_dir, override_value
 
     monkeypatch.chdir(tmp_path)
-    pinned = claim_run_dir(["hydra.run.dir=outputs/${now:%H-%M-%S}"], []).pinned
+    pinned = claim_run_dir(["hydra.run.dir=outputs/${now:%H-%M-%S}"]).pinned
     folder = OverridesParser.create().parse_override(pinned[0]).value()
     assert pinned[0].startswith("hydra.run.dir=") and (tmp_path / "outputs").is_dir()
     assert json.loads((Path(folder) / runlock.LOCK).read_text())["pid"] == os.getpid()
-    default = OverridesParser.create().parse_override(claim_run_dir([], []).pinned[0]).value()
+    default = OverridesParser.create().parse_override(claim_run_dir([]).pinned[0]).value()
     assert Path(default).parent == tmp_path / "outputs" / "runs"
     with pytest.raises(TinyGPTError, match="optim.lr"):
-        claim_run_dir(["hydra.run.dir=outputs/lr_${optim.lr}", "optim.lr=fast"], ["optim.lr=fast"])
+        claim_run_dir(["hydra.run.dir=outputs/lr_${optim.lr}", "optim.lr=fast"])
     assert not (tmp_path / "outputs" / "lr_fast").exists()
     for text in ("/tmp/my runs/a,b=c", "it's", "back\\slash", "end\\", "q\\'x", "$HOME/x"):
         assert OverridesParser.create().parse_override(f"hydra.run.dir={override_value(text)}").value() == text
@@ -190,7 +190,7 @@ def test_a_quoted_run_dir_is_the_folder_hydra_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     for given, folder in ((f"'{tmp_path / 'my runs'}'", tmp_path / "my runs"), ("'~/runs/a'", tmp_path / "home" / "runs" / "a")):
-        pinned = claim_run_dir([f"hydra.run.dir={given}"], []).pinned
+        pinned = claim_run_dir([f"hydra.run.dir={given}"]).pinned
         assert pinned == [f"hydra.run.dir='{folder}'"] and (folder / runlock.LOCK).is_file()
     assert not [p for p in tmp_path.iterdir() if "'" in p.name or p.name == "~"]
 

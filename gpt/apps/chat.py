@@ -9,7 +9,7 @@ the conversation again (the system message stays), `/exit` (or Ctrl-D) ends it. 
 kept while it fits the model's context; then the oldest turns are dropped, with a notice. When
 stdin is not a terminal, each line is one user message of one conversation, and each reply is
 printed on stdout as one block followed by a newline: scripts read replies, status goes to
-stderr. Settings and defaults: gpt/config/__init__.py (ChatConfig; the controls are SamplingSettings).
+stderr. Settings and defaults: gpt/config/commands.py (ChatConfig; the controls are SamplingSettings).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
     tinygpt eval init_from=gpt2 task=hellaswag                     # zero-shot: hellaswag | lambada | arc_easy | arc_challenge
     tinygpt eval task=arc_easy task.limit=500 task.path=ARC-Easy-Test.jsonl
 
-Settings and defaults: gpt/config/__init__.py (EvalConfig).
+Settings and defaults: gpt/config/commands.py (EvalConfig).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Qwen2's / Qwen3's) for the Llama block:
 Then `transformers.AutoModelForCausalLM.from_pretrained("hf_model")` loads it (LoRA adapters
 are merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer, Hugging Face
 tokenizers their tokenizer.json).
-Settings and defaults: gpt/config/__init__.py (ExportConfig).
+Settings and defaults: gpt/config/commands.py (ExportConfig).
 """
 
 from __future__ import annotations

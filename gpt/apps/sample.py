@@ -7,7 +7,7 @@
     tinygpt sample prompt_file=prompts.jsonl stream=false out_file=samples.jsonl
 
 The prompt is taken verbatim (any Unicode, no Hydra quoting). Samples go to stdout, status
-lines to stderr. Settings and defaults: gpt/config/__init__.py (SampleConfig; the generation controls
+lines to stderr. Settings and defaults: gpt/config/commands.py (SampleConfig; the generation controls
 are SamplingSettings).
 """
 

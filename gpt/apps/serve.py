@@ -9,7 +9,7 @@
 Then open http://127.0.0.1:8000/ (the playground), or call the OpenAI-compatible API:
 POST /v1/completions, GET /v1/models, GET /health. Requests name a model by the id
 /v1/models lists; the server only opens the models it was started with. Settings, limits and
-defaults: gpt/config/__init__.py (ServeConfig). Needs the serve extra (pip install 'tinygpt[serve]').
+defaults: gpt/config/commands.py (ServeConfig). Needs the serve extra (pip install 'tinygpt[serve]').
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train a model: `tinygpt train [key=value ...]` (or `python train.py ...` in a checkout), a
 sweep with `-m` (`tinygpt train -m optim.lr=1e-3,3e-4`). `--cfg job` prints the composed
-config, `--help` Hydra's help. The settings and their defaults: gpt/config/__init__.py (RunConfig).
+config, `--help` Hydra's help. The settings and their defaults: gpt/config/run.py (RunConfig).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         if multirun:
             common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
-            start = common.guard(lambda: claim_run_dir(overrides, own))
+            start = common.guard(lambda: claim_run_dir(overrides))
             argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
     _hydra_main([*argv, *quiet_non_zero_ranks()], start)
 
@@ -55,7 +55,7 @@ class Start:
     kept: list[tuple[Path, Path]] = field(default_factory=list)  # (where an earlier .hydra/ went, where it was)
 
 
-def claim_run_dir(overrides: list[str], own: list[str]) -> Start:
+def claim_run_dir(overrides: list[str]) -> Start:
     """A single run, before Hydra writes anything: its directory resolved (a `${now:...}` or
     `${optim.lr}` in hydra.run.dir too) and claimed (locked, every check run, where it resumes from
     examined: gpt.training.start.claim), so that of two starts into one directory exactly one goes
@@ -63,8 +63,7 @@ def claim_run_dir(overrides: list[str], own: list[str]) -> Start:
     kept aside. Its `pinned` override pins Hydra to the directory resolved."""
     from gpt.training.start import claim
 
-    if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks)
-        preflight(common.compose("config", own, _COMMAND))
+    if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks); the run checks the rest
         return Start()
     cfg = common.compose_raw("config", overrides, _COMMAND, hydra=True)  # once: the run directory and the settings
     run_dir, pinned = _resolve_run_dir(cfg)

@@ -66,6 +66,14 @@ def param_groups(model: nn.Module, settings: AdamWSettings) -> list[dict]:
     return groups
 
 
+def _closure_loss(closure):
+    """torch.optim's step(closure): the loss the closure recomputes (with gradients), if given."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Muon(torch.optim.Optimizer):
     """Muon: momentum (Nesterov), then each matrix's update replaced by the nearest semi-orthogonal
     matrix (all singular values ~1), so every direction of the weight moves at the same rate.
@@ -90,10 +98,7 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
@@ -158,10 +163,7 @@ class Optimizers(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for o in self.parts:
             o.step()
         return loss

@@ -52,3 +52,31 @@ def test_mistakes_raise_from_python():
     with pytest.raises(TinyGPTError, match="unknown setting 'train.max_iter'"):
         train(["train.max_iter=3"])
     assert REPO.is_dir()
+
+
+def test_the_documented_python_api_runs_as_written(tmp_path, data_root):
+    """docs/sampling.md's "From Python" snippet, as it stands on the page (the run directory put
+    in for its placeholder), on a run trained through `gpt.train`: `from gpt import loading`,
+    `gpt.config.SamplingSettings`, `gpt.generation.generate` / `stream`."""
+    import re
+
+    root, data_overrides = data_root
+    page = (REPO / "docs" / "sampling.md").read_text()
+    snippet = re.search(r"## From Python\n\n```python\n(.*?)```", page, re.S)[1]
+    assert "from gpt import loading" in snippet and "<stamp>" in snippet
+    run = tmp_path / "run"
+    setup = (
+        "from gpt import train\n"
+        f"train(['debug=tiny', 'train.max_iters=4', 'train.sample_tokens=0', 'paths.output_dir={run}', "
+        f"'paths.data_dir={root}', *{data_overrides!r}])\n"
+    )
+    code = setup + snippet.replace("outputs/runs/<stamp>", str(run)).replace("max_new_tokens=200", "max_new_tokens=20")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout.splitlines()
+    import ast
+
+    at = next(i for i, line in enumerate(printed) if line.startswith("[["))
+    batch = ast.literal_eval(printed[at])  # print(generate(...)): 2 prompts x 2 samples of 20 characters
+    assert len(batch) == 2 and all(len(row) == 2 and all(len(text) == 20 for text in row) for row in batch)
+    assert len("\n".join(printed[at + 1 :])) == 20  # stream(): the pieces of one more, printed as they came

@@ -222,9 +222,9 @@ def test_playground_chat_mode_in_a_headless_browser(runs, tmp_path):
     from helpers import Server, chromium
 
     cwd, root, base, sft, _, _ = runs
+    browser = chromium()  # first: a skip for want of a browser must not leave a server running
     replies = chat_cli(runs, "system=Answer briefly.", stdin="\n".join(QUESTIONS[:2]) + "\n").stdout.split("\n")[:-1]
     server = Server([f"run_dir={sft}"], cwd, root)
-    browser = chromium()
     shot = Path(os.environ.get("TINYGPT_TEST_ARTIFACTS") or tmp_path) / "playground-chat.png"
     try:
         browser.get(f"{server.url}/")
