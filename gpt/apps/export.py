@@ -1,14 +1,16 @@
 """Export a checkpoint to a Hugging Face folder: GPT-2's format for GPT-2's block, Llama's (or
-Qwen2's / Qwen3's) for the Llama block:
+Qwen2's / Qwen3's) for the Llama block, and for any other block (the quickstart's) tinygpt's own,
+whose modeling code travels in the folder:
 
     tinygpt export run_dir=outputs/runs/<stamp> out=hf_model
     tinygpt export ckpt=path/to/best.pt out=hf_model
     tinygpt export out=hf_model                 # the newest run under paths.runs_dir
     tinygpt export init_from=<HF folder> out=hf_model   # an imported model, written again
 
-Then `transformers.AutoModelForCausalLM.from_pretrained("hf_model")` loads it (LoRA adapters
-are merged; GPT-2 BPE models also get vocab.json + merges.txt for GPT2Tokenizer, Hugging Face
-tokenizers their tokenizer.json).
+Then `transformers.AutoModelForCausalLM.from_pretrained("hf_model")` loads it (with
+`trust_remote_code=True` for tinygpt's own form; LoRA adapters are merged), and
+`AutoTokenizer.from_pretrained("hf_model")` its tokenizer (char, byte, GPT-2's BPE, a trained BPE
+or a Hugging Face tokenizer; with the chat template of a model finetuned on conversations).
 Settings and defaults: gpt/config/commands.py (ExportConfig).
 """
 
@@ -38,8 +40,10 @@ def export(s: ExportConfig) -> Path:
         out, cls = interop.export(loaded.model, loaded.tokenizer(), s.out)
     except OSError as e:
         raise TinyGPTError(f"cannot write to {s.out} ({e.strerror or e}); pass out=<a folder you can write>") from None
+    remote = ", trust_remote_code=True" if cls.startswith("TinyGPT") else ""
     print(
-        f"exported {loaded.source} -> {out} (load with transformers.{cls}.from_pretrained({str(out)!r}), or AutoModelForCausalLM)"
+        f"exported {loaded.source} -> {out} ({cls.split(' ')[0]}: load with "
+        f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}{remote}))"
     )
     return out
 

@@ -4,6 +4,8 @@
                (safetensors, shards, or a weights-only pickle), tokenizer files
     gpt2.py    GPT2LMHeadModel
     llama.py   LlamaForCausalLM, and its relatives Qwen2ForCausalLM and Qwen3ForCausalLM
+    tinygpt.py any other block: the export carries its modeling code (modeling_tinygpt.py,
+               loaded with trust_remote_code=True)
 
 A family module offers `check(folder, config)` (refuses what it cannot compute, weights
 unread), `load(folder, config, dropout) -> (GPT, tokenizer dict | None)`,
@@ -16,10 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
-from gpt.interop import gpt2, hf, llama
+from gpt.interop import gpt2, hf, llama, tinygpt
 
 # config.json's model_type -> the module that reads it
-FAMILIES = {"gpt2": gpt2, "llama": llama, "qwen2": llama, "qwen3": llama}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "qwen2": llama, "qwen3": llama, "tinygpt": tinygpt}
 HUB_MODELS = gpt2.HUB_MODELS  # the bare names that mean a Hub model (owner/name ones need no list)
 
 
@@ -59,17 +61,17 @@ def load(source: str, dropout: float = 0.0):
 
 def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:
     """Write `model` as the Hugging Face folder of the first family that computes it exactly
-    (GPT-2's block: GPT2LMHeadModel; Llama's: LlamaForCausalLM, Qwen2 or Qwen3); returns the
-    folder and the transformers class that loads it. Refused, naming what no family has."""
-    reasons = [gpt2.cannot_export(model.config), llama.cannot_export(model.config)]
-    if reasons[0] is not None and reasons[1] is not None:
-        raise TinyGPTError(
-            f"this model cannot be exported to GPT-2's format ({reasons[0]}) nor to Llama's ({reasons[1]}); "
-            f"retrain with one of the two blocks (e.g. model=gpt-micro or model=llama-nano)"
-        )
+    (GPT-2's block: GPT2LMHeadModel; Llama's: LlamaForCausalLM, Qwen2 or Qwen3; any other block:
+    tinygpt's own, whose modeling code travels with it); returns the folder and the transformers
+    class that loads it. A recurrent model is refused, saying so."""
+    reason = tinygpt.cannot_export(model.config)
+    if reason is not None:
+        raise TinyGPTError(f"this model cannot be exported to a Hugging Face folder: {reason}")
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    if reasons[0] is None:
+    if gpt2.cannot_export(model.config) is None:
         gpt2.export(model, tokenizer, out)
         return out, "GPT2LMHeadModel"
-    return out, llama.export(model, tokenizer, out)
+    if llama.cannot_export(model.config) is None:
+        return out, llama.export(model, tokenizer, out)
+    return out, tinygpt.export(model, tokenizer, out)

@@ -13,8 +13,8 @@ import torch
 
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
-from gpt.tokenizers import TiktokenTokenizer
-from gpt.tokenizers.hf import HFTokenizer
+from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from gpt.tokenizers.hf import EOT, HFTokenizer
 
 # A Hub repository id: owner/name
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -183,8 +183,10 @@ def write_tokenizer(tokenizer, out: Path, max_length: int) -> None:
         write_gpt2_tokenizer_files(base, out)
     elif isinstance(base, HFTokenizer):
         write_fast_tokenizer_files(base, out, max_length)
+    elif isinstance(base, (CharTokenizer, ByteTokenizer)):
+        write_table_tokenizer_files(base, out, max_length)
     else:
-        return  # char and byte vocabularies have no transformers tokenizer: tinygpt_tokenizer.json only
+        return  # (cl100k / o200k: their pre-tokenizers have no transformers equivalent here) tinygpt_tokenizer.json only
     if chat:
         write_chat_tokenizer_files(tokenizer, out, max_length)
 
@@ -216,7 +218,8 @@ def write_chat_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
             )
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     io.write_bytes(out / "tokenizer.json", tok.to_str().encode("utf-8"))
-    eot = tokenizer.decode([tokenizer.eot_id]) if tokenizer.eot_id is not None else None
+    # the end-of-text token as the tokenizer files spell it (a byte vocabulary decodes it to nothing)
+    eot = tok.id_to_token(tokenizer.eot_id) if tokenizer.eot_id is not None else None
     end = tokenizer.decode([tokenizer.end_id])
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -231,6 +234,32 @@ def write_chat_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
     io.write_json(out / "tokenizer_config.json", config, indent=2)
     stops = [tokenizer.end_id] + ([tokenizer.eot_id] if tokenizer.eot_id is not None else [])
     io.write_json(out / "generation_config.json", {"eos_token_id": stops, "pad_token_id": tokenizer.end_id}, indent=2)
+
+
+def write_table_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
+    """tokenizer.json for a char or byte vocabulary, with tinygpt's ids: one token per character
+    (or per UTF-8 byte, in GPT-2's byte-to-character alphabet), as a BPE without merges, decoded
+    by joining the tokens; the byte vocabulary's end-of-text (256) as a special token that text
+    spelling it does not become. (A character outside a char vocabulary, which tinygpt refuses,
+    has no id here: transformers leaves it out.)"""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    if isinstance(tokenizer, CharTokenizer):
+        tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(tokenizer.chars)}, merges=[]))
+        tok.decoder = decoders.Fuse()
+        eot = None
+    else:
+        to_unicode = _bytes_to_unicode()
+        tok = Tokenizer(models.BPE(vocab={to_unicode[b]: b for b in range(256)}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        eot = EOT
+        tok.add_special_tokens([AddedToken(eot, special=True, normalized=False)])
+    io.write_bytes(out / "tokenizer.json", tok.to_str().encode("utf-8"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True, "model_max_length": max_length}
+    if eot is not None:
+        config.update(eos_token=eot, bos_token=eot)
+    io.write_json(out / "tokenizer_config.json", config, indent=2)
 
 
 def write_fast_tokenizer_files(tokenizer: HFTokenizer, out: Path, max_length: int) -> None:

@@ -26,17 +26,27 @@ def test_export_command(tmp_path, trained_run, data_root):
     assert_one_line_error(run_script("export", [f"run_dir={tmp_path / 'nope'}", "out=x"], tmp_path, root), "nope does not exist")
 
 
-def test_the_quickstarts_block_is_refused_with_the_presets_that_export(tmp_path, data_root):
-    """The quickstart's block (RMSNorm and RoPE with GPT-2's GELU MLP) is neither GPT-2 nor Llama:
-    one line that names the setting each format lacks and the presets that export; no folder."""
+def test_the_quickstarts_block_exports_with_its_modeling_code(tmp_path, data_root):
+    """The quickstart's block (RMSNorm, RoPE, QK-norm, GPT-2's GELU MLP) is neither GPT-2's nor
+    Llama's: `tinygpt export` writes tinygpt's own form, its modeling code beside the weights,
+    which transformers loads (trust_remote_code) with the run's logits."""
     root, data = data_root
     block = ["model.norm=rmsnorm", "model.pos_encoding=rope", "model.qk_norm=true", "model.bias=false"]
     trained = run_script("train.py", ["debug=tiny", *data, *block, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, root)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    refused = run_script("export", [f"run_dir={tmp_path / 'run'}", f"out={tmp_path / 'hf'}"], tmp_path, root)
-    assert_one_line_error(refused, "model.pos_encoding=rope")
-    assert "model.mlp=gelu" in refused.stderr and "model=gpt-micro or model=llama-nano" in refused.stderr
-    assert not (tmp_path / "hf").exists()
+    proc = run_script("export", [f"run_dir={tmp_path / 'run'}", f"out={tmp_path / 'hf'}"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TinyGPTForCausalLM" in proc.stdout and "trust_remote_code=True" in proc.stdout
+    ours = loading.load(str(tmp_path / "run")).model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    idx = torch.randint(0, ours.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+    lstm = run_script("train.py", ["debug=tiny", *data, "model=lstm", f"hydra.run.dir={tmp_path / 'lstm'}"], tmp_path, root)
+    assert lstm.returncode == 0, lstm.stderr[-2000:]
+    refused = run_script("export", [f"run_dir={tmp_path / 'lstm'}", f"out={tmp_path / 'hf-lstm'}"], tmp_path, root)
+    assert_one_line_error(refused, "it is a recurrent model (lstm)")
+    assert not (tmp_path / "hf-lstm").exists()
 
 
 @pytest.mark.slow

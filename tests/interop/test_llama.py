@@ -321,19 +321,24 @@ def test_a_folder_with_a_missing_shard_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_what_no_format_computes_is_refused_at_export(tmp_path):
+def test_what_llamas_format_lacks_is_named_and_the_export_takes_tinygpts_own(tmp_path):
+    """Blocks no transformers class computes: Llama's family names the setting it lacks, and the
+    export is tinygpt's own form instead (tests/interop/test_tinygpt.py checks its logits)."""
+    from gpt.interop import llama
     from gpt.model import GPT, GPTConfig
     from gpt.tokenizers import ByteTokenizer
 
-    for options, named in (
-        (dict(norm="rmsnorm", mlp="relu2", pos_encoding="rope"), "Llama's block has mlp=swiglu"),
-        (dict(logit_softcap=30.0), "logit_softcap"),
+    for n, (options, named) in enumerate(
         (
-            dict(norm="rmsnorm", mlp="swiglu", pos_encoding="rope", qk_norm=True),
-            "model.bias or model.qkv_bias with model.qk_norm",
-        ),
+            (dict(norm="rmsnorm", mlp="relu2", pos_encoding="rope"), "Llama's block has mlp=swiglu"),
+            (dict(norm="rmsnorm", pos_encoding="rope", mlp="swiglu", logit_softcap=30.0), "logit_softcap"),
+            (
+                dict(norm="rmsnorm", mlp="swiglu", pos_encoding="rope", qk_norm=True),
+                "model.bias or model.qkv_bias with model.qk_norm",
+            ),
+        )
     ):
         model = GPT(GPTConfig(vocab_size=256, block_size=8, n_layer=1, n_head=2, n_embd=8, **options))
-        with pytest.raises(TinyGPTError, match=named):
-            interop.export(model, ByteTokenizer(), tmp_path / "out")
-        assert not (tmp_path / "out").exists()
+        assert named in llama.cannot_export(model.config)
+        _, cls = interop.export(model, ByteTokenizer(), tmp_path / f"out{n}")
+        assert cls.startswith("TinyGPTForCausalLM")
