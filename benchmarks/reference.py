@@ -129,7 +129,8 @@ def prepared_tokens():
     from gpt.apps.common import compose
     from gpt.data import load_data
 
-    cfg = compose("config", [], "python benchmarks/reference.py")
+    # nanoGPT's recipe is characters: the 65-character vocabulary, whatever the quickstart's default
+    cfg = compose("config", ["data=shakespeare_char"], "python benchmarks/reference.py")
     data = load_data(cfg.data, cfg.paths.data_root(), log=lambda *a: None)
     return np.concatenate(data.train), np.concatenate(data.val), data.tokenizer.vocab_size
 

@@ -156,7 +156,8 @@ def test_the_default_config_is_the_schema_defaults():
 def test_quickstart_defaults():
     s = compose("config", [])
     assert (s.model.n_layer, s.model.n_head, s.model.n_embd, s.model.block_size, s.model.dropout) == (4, 4, 128, 64, 0.0)
-    assert (s.train.batch_size, s.train.max_iters) == (12, 2000) and s.data.name == "shakespeare_char"
+    assert (s.train.batch_size, s.train.max_iters) == (12, 2000) and s.data.name == "shakespeare_bytes"
+    assert s.data.tokenizer.kind == "byte" and s.data.source.filename == "tinyshakespeare/input.txt"
     assert CosineSchedule.from_settings(s.optim, s.train.max_iters).decay_iters == 2000
 
 

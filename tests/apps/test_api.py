@@ -16,7 +16,7 @@ from helpers import REPO
 _NOTEBOOK = """
 import json, sys
 from gpt import sample, train
-summary = train(["debug=tiny", "train.max_iters=10", "train.eval_interval=5", *sys.argv[1:]])
+summary = train(["debug=tiny", "data=shakespeare_char", "train.max_iters=10", "train.eval_interval=5", *sys.argv[1:]])  # characters: 12 tokens, 12 characters
 print("SUMMARY " + json.dumps(summary))
 texts = sample([f"run_dir={summary['run_dir']}", "num_samples=2", "max_new_tokens=12"], prompt="ROMEO:")
 print("TEXTS " + json.dumps(texts))
@@ -67,7 +67,8 @@ def test_the_documented_python_api_runs_as_written(tmp_path, data_root):
     run = tmp_path / "run"
     setup = (
         "from gpt import train\n"
-        f"train(['debug=tiny', 'train.max_iters=4', 'train.sample_tokens=0', 'paths.output_dir={run}', "
+        # characters, so 20 new tokens are 20 characters of text
+        f"train(['debug=tiny', 'data=shakespeare_char', 'train.max_iters=4', 'train.sample_tokens=0', 'paths.output_dir={run}', "
         f"'paths.data_dir={root}', *{data_overrides!r}])\n"
     )
     code = setup + snippet.replace("outputs/runs/<stamp>", str(run)).replace("max_new_tokens=200", "max_new_tokens=20")

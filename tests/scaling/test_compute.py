@@ -100,7 +100,10 @@ def test_a_budget_or_a_ratio_sets_the_steps_counted_by_hand(tmp_path, data_root)
 
     def run(name: str, horizon: str) -> dict:
         out = tmp_path / name
-        cfg = compose(["debug=tiny", *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", horizon], out)
+        cfg = compose(
+            ["debug=tiny", "data=shakespeare_char", *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0", horizon],
+            out,
+        )
         train(cfg)
         return json.loads((out / "summary.json").read_text())
 
