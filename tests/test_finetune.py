@@ -20,6 +20,7 @@ from helpers import compose, export_hf
 def _char_overrides(root, data_overrides, steps=6):
     return [
         "debug=tiny",
+        "data=shakespeare_char",
         *data_overrides,
         f"paths.data_dir={root}",
         f"train.max_iters={steps}",
@@ -114,3 +115,34 @@ def test_lora_run_resumes_with_its_adapters_without_repeating_the_flag(tmp_path,
     assert checkpoint.load(runs.latest(tmp_path / "ft")).lora["rank"] == 2
     with pytest.raises(TinyGPTError, match="lora_rank=2"):
         train(compose([*lora, "finetune.lora_rank=4", "train.max_iters=10"], tmp_path / "ft"))
+
+
+def test_a_rotary_base_finetunes_at_a_longer_context_and_a_learned_one_is_refused(tmp_path, data_root, caplog):
+    """finetune.block_size beyond the base's context: rotary positions reach any length, so the
+    same weights see the longer windows (their logits over the base's own context unchanged);
+    a learned position table has no rows there: one line, nothing trained."""
+    root, data_overrides = data_root
+    base = [*_char_overrides(root, data_overrides), "model.pos_encoding=rope"]
+    train(compose(base, tmp_path / "base"))
+    ft = ["debug=tiny", *data_overrides, f"paths.data_dir={root}", "train.max_iters=2", "train.sample_tokens=0"]
+    ft += ["data=shakespeare_char", f"init_from={tmp_path / 'base'}", "finetune.block_size=32", "optim=adamw"]
+    summary = train(compose(ft, tmp_path / "long"))
+    before, after = loading.load(str(tmp_path / "base")).model, loading.load(str(tmp_path / "long")).model
+    assert (before.config.block_size, after.config.block_size) == (16, 32) and summary["status"] == "finished"
+    fresh = registry.build(before.config.changed(block_size=32)).eval()  # the base's weights at the longer context
+    fresh.load_state_dict(before.state_dict())
+    idx = torch.randint(0, before.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(fresh(idx)[0], before.eval()(idx)[0])
+        assert fresh(torch.randint(0, before.config.vocab_size, (1, 32)))[0].shape[1] == 32
+    train(compose(_char_overrides(root, data_overrides), tmp_path / "learned"))
+    with pytest.raises(TinyGPTError, match="finetune.block_size=32 is longer than .* learned position table"):
+        train(compose([*ft[:-3], f"init_from={tmp_path / 'learned'}", "finetune.block_size=32"], tmp_path / "refused"))
+    # finetune.min_block_size (experiment=sft's 256): extends the rotary base, keeps the learned one, says so
+    at_least = [*ft[:-3], "finetune.min_block_size=40", "optim=adamw"]
+    train(compose([*at_least, f"init_from={tmp_path / 'base'}"], tmp_path / "min-rope"))
+    assert loading.load(str(tmp_path / "min-rope")).model.config.block_size == 40
+    with caplog.at_level("INFO", logger="tinygpt"):
+        train(compose([*at_least, f"init_from={tmp_path / 'learned'}"], tmp_path / "min-learned"))
+    assert loading.load(str(tmp_path / "min-learned")).model.config.block_size == 16
+    assert "context kept at 16 (finetune.min_block_size=40)" in caplog.text

@@ -113,7 +113,7 @@ def suite(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[di
     return train, test
 
 
-def write_suite(folder: str | Path, n_train: int = 20000, n_test: int = 500, seed: int = 0) -> tuple[Path, Path]:
+def write_suite(folder: str | Path, n_train: int = 60000, n_test: int = 500, seed: int = 0) -> tuple[Path, Path]:
     folder = Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     train, test = suite(n_train, n_test, seed)
@@ -126,7 +126,7 @@ def write_suite(folder: str | Path, n_train: int = 20000, n_test: int = 500, see
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gpt.chat.synthetic", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder")
-    parser.add_argument("--train", type=int, default=20000, help="train conversations (default 20000)")
+    parser.add_argument("--train", type=int, default=60000, help="train conversations (default 60000)")
     parser.add_argument("--test", type=int, default=500, help="held-out test conversations (default 500)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -218,7 +218,12 @@ OPTIMIZERS = {"adamw": AdamWSettings, "muon": MuonSettings}
 class FinetuneSettings:
     """Starting from trained weights (init_from); freezing and LoRA also work from scratch."""
 
-    block_size: int | None = None  # crop the initial model's context, e.g. 256 for GPT-2 on a CPU
+    # the initial model's context: cropped (e.g. 128 for GPT-2 on a CPU), or extended where its
+    # positions are computed (rope, sinusoidal, none: e.g. 256 to finetune the quickstart on chats)
+    block_size: int | None = None
+    # at least this context where the base's positions are computed, else the base's own (a learned
+    # table, or a longer context, is kept); block_size, when given, decides instead. experiment=sft: 256
+    min_block_size: int | None = None
     freeze_embeddings: bool = False  # token (+ position) embeddings; with tying, the LM head too
     freeze_layers: int = 0  # freeze the first N transformer blocks
     lora_rank: int = 0  # > 0: LoRA adapters on attention and MLP projections, all else frozen
@@ -229,7 +234,7 @@ class FinetuneSettings:
     def __post_init__(self) -> None:
         check_types(self, "finetune")
         at_least(self, "finetune", 0, ("freeze_layers", "lora_rank"))
-        at_least(self, "finetune", 1, ("block_size",))
+        at_least(self, "finetune", 1, ("block_size", "min_block_size"))
         if not 0.0 <= self.lora_dropout < 1.0:
             raise TinyGPTError(f"finetune.lora_dropout must be in [0, 1), got {self.lora_dropout}")
 

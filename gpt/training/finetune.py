@@ -30,13 +30,49 @@ def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: fl
     )
     if adds_template:
         add_chat_tokens(model, data_tokenizer, log)
-    crop = ft.block_size
-    if crop and crop < model.config.block_size:
-        if getattr(model.config, "pos_encoding", None) == "learned":  # keep the first `crop` positions
-            model.transformer.wpe.weight = torch.nn.Parameter(model.transformer.wpe.weight[:crop].clone())
-        model.config.block_size = crop
+    model = _fit_context(model, ft, source, log)
     log(f"initialised from {source}: {registry.summary(model.config)}")
     return model
+
+
+def _fit_context(model, ft: FinetuneSettings, source: str, log):
+    """The base at the finetune's context: finetune.block_size exactly (cropped, or extended),
+    else at least finetune.min_block_size where the base's positions reach it."""
+    have = model.config.block_size
+    kind = getattr(model.config, "pos_encoding", None)  # None: a recurrent model
+    if ft.block_size and ft.block_size < have:
+        if kind == "learned":  # keep the first block_size positions
+            model.transformer.wpe.weight = torch.nn.Parameter(model.transformer.wpe.weight[: ft.block_size].clone())
+        model.config.block_size = ft.block_size
+    elif ft.block_size and ft.block_size > have:
+        model = _extend_context(model, ft.block_size, source, log)
+    elif not ft.block_size and ft.min_block_size and ft.min_block_size > have and kind is not None:
+        if kind == "learned":
+            log(
+                f"notice: context kept at {have} (finetune.min_block_size={ft.min_block_size}): "
+                f"{source} has a learned position table, with no rows beyond it"
+            )
+        else:
+            model = _extend_context(model, ft.min_block_size, source, log)
+    return model
+
+
+def _extend_context(model, context: int, source: str, log):
+    """The model with a longer context: rotary, sinusoidal or no positions are computed for any
+    position, so the same weights see `context` tokens (finetuning then teaches them the longer
+    windows); a learned position table has no rows past its own length, and a recurrent model
+    no context to extend."""
+    kind = getattr(model.config, "pos_encoding", None)
+    if kind in (None, "learned"):
+        what = "a recurrent model reads any length already" if kind is None else "its learned position table has no rows beyond"
+        raise TinyGPTError(
+            f"finetune.block_size={context} is longer than {source}'s context ({model.config.block_size}) and {what}; "
+            f"use finetune.block_size <= {model.config.block_size}"
+        )
+    longer = registry.build(model.config.changed(block_size=context))
+    longer.load_state_dict(model.state_dict())
+    log(f"context {model.config.block_size} -> {context} ({kind} positions reach any length)")
+    return longer.train()
 
 
 def add_chat_tokens(model, tokenizer, log=print) -> None:
