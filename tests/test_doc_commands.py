@@ -31,6 +31,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A placeholder as the docs write it -> what stands in for it here.
 PLACEHOLDERS = {
     "<stamp>": "2026-11-30_09-08-08-114758",
+    "<sft stamp>": "2026-11-30_09-12-40-502113",
     "<run dir>": "outputs/runs/2026-11-30_09-08-08-114758",
     "<sweep dir>": "outputs/sweeps/2026-11-30_09-08-08-114758",
     "<dir>": "outputs/sweeps/2026-11-30_09-08-08-114758",
@@ -189,11 +190,18 @@ def stubbed(monkeypatch, tmp_path):
     """The commands other than train run through `tinygpt`'s entry point with their work
     replaced by a recorder: they compose and check their settings as they do for a user (the
     verbatim keys, --help and --cfg included), then hand them over here instead of running."""
-    from gpt.apps import chat, export, prepare, sample, scaling, serve, sweep
+    from gpt.apps import chat, export, plot, prepare, sample, scaling, serve, sweep
     from gpt.apps import eval as eval_app
 
     handed: list[tuple[str, object]] = []
-    for module, name in [(sample, "sample"), (eval_app, "evaluate"), (export, "export"), (prepare, "prepare"), (chat, "chat")]:
+    for module, name in [
+        (sample, "sample"),
+        (eval_app, "evaluate"),
+        (export, "export"),
+        (prepare, "prepare"),
+        (chat, "chat"),
+        (plot, "plot"),
+    ]:
         monkeypatch.setattr(module, name, lambda settings, *args, _name=name, **kwargs: handed.append((_name, settings)))
     monkeypatch.setattr(serve, "serve", lambda settings: handed.append(("serve", settings)))
     monkeypatch.setattr(sweep, "summarise", lambda settings: handed.append(("summarise", settings)))

@@ -4,7 +4,8 @@
     tinygpt sample  [key=value ...]        generate text from a trained model
     tinygpt chat    [key=value ...]        talk to a model finetuned on conversations
     tinygpt eval    [key=value ...]        loss, perplexity, bits per byte
-    tinygpt export  out=<folder> ...       a checkpoint to a Hugging Face GPT-2 folder
+    tinygpt export  out=<folder> ...       a checkpoint to a Hugging Face folder (transformers loads it)
+    tinygpt plot    [key=value ...]        a run's loss curves, or its attention maps, as a PNG
     tinygpt prepare [key=value ...]        tokenize a dataset ahead of training
     tinygpt sweep   <sweep dir>            a sweep's leaderboard and val curves
     tinygpt scaling preset=<..> out=<dir>  an IsoFLOP study: the compute-optimal size for a budget
@@ -21,7 +22,7 @@ import sys
 
 from gpt.apps.common import fail
 
-COMMANDS = ("train", "sample", "chat", "eval", "export", "prepare", "sweep", "scaling", "harness", "serve")
+COMMANDS = ("train", "sample", "chat", "eval", "export", "plot", "prepare", "sweep", "scaling", "harness", "serve")
 
 
 def main(argv: list[str] | None = None) -> None:

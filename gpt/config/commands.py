@@ -73,7 +73,7 @@ class ModelChoice:
 
     run_dir: str | None = None  # a run directory (its checkpoints/best.pt)
     ckpt: str | None = None  # a checkpoint file
-    init_from: str | None = None  # gpt2 | gpt2-medium | ... | a Hugging Face GPT-2 folder
+    init_from: str | None = None  # gpt2 | gpt2-medium | ... | owner/name | a Hugging Face folder (GPT-2, Llama, Qwen, tinygpt)
     paths: PathsSettings = field(default_factory=PathsSettings)
 
 
@@ -176,9 +176,23 @@ class EvalConfig(ModelChoice, DeviceSettings):
 
 @dataclass
 class ExportConfig(ModelChoice):
-    """`tinygpt export`: a checkpoint to a Hugging Face GPT-2 folder."""
+    """`tinygpt export`: a checkpoint to a Hugging Face folder (GPT-2, Llama, Qwen2/3, or tinygpt's own with its modeling code)."""
 
     out: str = MISSING  # the folder to write
+
+
+@dataclass
+class PlotConfig:
+    """`tinygpt plot`: a run's loss curves, or its model's attention maps for a prompt."""
+
+    run_dir: str | None = None  # a run directory (null: the newest run under paths.runs_dir)
+    attention: str | None = None  # a prompt: draw the attention maps the model computes for it instead
+    layers: list[int] | None = None  # with attention: the layers to draw (null: all)
+    out: str | None = None  # the PNG to write (null: <run_dir>/curves.png, or <run_dir>/attention.png)
+    paths: PathsSettings = field(default_factory=PathsSettings)
+
+    def __post_init__(self) -> None:
+        check_types(self, "")
 
 
 @dataclass

@@ -3,7 +3,16 @@
 
 from __future__ import annotations
 
-from gpt.config.commands import ChatConfig, EvalConfig, ExportConfig, SampleConfig, ScalingConfig, ServeConfig, SweepConfig
+from gpt.config.commands import (
+    ChatConfig,
+    EvalConfig,
+    ExportConfig,
+    PlotConfig,
+    SampleConfig,
+    ScalingConfig,
+    ServeConfig,
+    SweepConfig,
+)
 from gpt.config.model import GPTConfig, RNNConfig
 from gpt.config.run import OPTIMIZERS, RunConfig
 
@@ -22,6 +31,7 @@ def register_schemas() -> None:
         ("schema_scaling", ScalingConfig),
         ("schema_serve", ServeConfig),
         ("schema_chat", ChatConfig),
+        ("schema_plot", PlotConfig),
     ):
         store.store(name=name, node=node)
     store.store(group="model", name="schema_gpt", node=GPTConfig)
