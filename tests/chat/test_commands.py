@@ -257,6 +257,15 @@ def test_playground_chat_mode_in_a_headless_browser(runs, tmp_path):
         WebDriverWait(browser, 30).until(lambda b: b.find_element(By.ID, "status").text.startswith(("stopped", "done")))
         browser.find_element(By.ID, "clear").click()
         assert browser.find_elements(By.CSS_SELECTOR, "#messages .message") == []
+        # the context (256 bytes) caps max tokens; a conversation outgrowing it drops its oldest turns, said once
+        assert browser.find_element(By.ID, "max_tokens").get_attribute("max") == "256"
+        browser.execute_script(set_slider, "max_tokens", "8")
+        browser.execute_script(set_slider, "temperature", "0")
+        for _ in range(4):
+            say("Spell " + "abcdefgh " * 10)
+            assert browser.find_element(By.ID, "status").text.startswith("done")  # every turn answered
+        assert browser.find_elements(By.CSS_SELECTOR, "#messages .dropped")
+        assert "no longer fit" in browser.find_element(By.ID, "notice").text
     finally:
         browser.quit()
         log = server.stop()
