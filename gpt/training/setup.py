@@ -172,7 +172,20 @@ def _schedule_settings(cfg: RunConfig, resumed: Checkpoint | None, log):
         log(f"notice: keeping the checkpoint's optim.min_lr={min_lr:g} (it predates optim.min_lr_ratio)")
     if min_lr is None:
         min_lr = optim.lr * optim.min_lr_ratio
-    return replace(optim, decay_iters=optim.decay_iters or cfg.train.max_iters, min_lr=min_lr)
+    settings = replace(optim, decay_iters=optim.decay_iters or cfg.train.max_iters, min_lr=min_lr)
+    was = saved.get("decay_iters")
+    if resumed is not None and isinstance(was, int) and was != settings.decay_iters:
+        # Extending a run (train.max_iters=4000 on a finished 2000-step one) stretches the cosine
+        # over the new horizon, so the learning rate climbs back from its floor: say by how much.
+        step = resumed.step
+        before = CosineSchedule.from_settings(replace(settings, decay_iters=was), cfg.train.max_iters)(step)
+        after = CosineSchedule.from_settings(settings, cfg.train.max_iters)(step)
+        log(
+            f"notice: the schedule now decays over {settings.decay_iters:,} steps (was {was:,}): the learning rate at "
+            f"step {step:,} goes from {before:.3g} to {after:.3g}; optim.decay_iters={was} keeps the old curve"
+            + (" (flat at its floor from there)" if step >= was else "")
+        )
+    return settings
 
 
 def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict | None = None) -> Dataset:

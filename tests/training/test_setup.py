@@ -95,6 +95,22 @@ def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_r
     assert "ignoring model.n_embd=36 (checkpoint: 18)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
 
 
+def test_extending_a_finished_run_says_how_the_learning_rate_moves(tmp_path, data_root, caplog):
+    """train.max_iters beyond a finished run's end stretches the cosine over the new horizon: the
+    learning rate at the old end climbs from its floor, and the resume says so, with the numbers
+    the schedule then uses; optim.decay_iters=<old> keeps the old curve, and nothing is said."""
+    base = [*_four_steps(data_root), "optim.lr=1e-3", "optim.warmup_iters=1"]
+    train(compose(base, tmp_path))
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(compose([*base, "train.max_iters=8"], tmp_path))
+    assert run.schedule.decay_iters == 8 and run.schedule(4) > 5e-4  # back above half the peak
+    assert f"decays over 8 steps (was 4): the learning rate at step 4 goes from 0.0001 to {run.schedule(4):.3g}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinygpt"):
+        kept = build_run(compose([*base, "train.max_iters=8", "optim.decay_iters=4"], tmp_path))
+    assert kept.schedule(4) == pytest.approx(1e-4) and "decays over" not in caplog.text
+
+
 def test_eval_batches_are_capped_at_the_training_steps(tmp_path, data_root, caplog):
     root, data_overrides = data_root
     with caplog.at_level("INFO", logger="tinygpt"):
