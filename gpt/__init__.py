@@ -1,4 +1,4 @@
-"""tinygpt: train, sweep and sample small decoder-only GPTs.
+"""tinygpt: train, sample, chat with, export, serve and sweep small decoder-only GPTs.
 
 From Python, with the same configs and overrides as the command line:
 

@@ -1,5 +1,5 @@
 """One way to get a model and its tokenizer from what a user names: a tinygpt checkpoint file,
-a run directory (its best.pt), a Hugging Face GPT-2 (Hub name or folder), or nothing (the
+a run directory (its best.pt), a Hugging Face model (GPT-2, Llama, Qwen: Hub name or folder), or nothing (the
 newest run under the runs folder). Used by sampling, evaluation, export and finetuning.
 """
 
@@ -71,7 +71,7 @@ def check(source: str, what: str = "init_from") -> None:
 
 
 def load(source: str, dropout: float | None = None, log=None) -> Loaded:
-    """A Hugging Face GPT-2 (Hub name or folder with config.json), a tinygpt checkpoint, or a run
+    """A Hugging Face model (Hub name or folder with config.json), a tinygpt checkpoint, or a run
     directory (its best.pt, else its newest step checkpoint; a damaged one is skipped with a
     notice through `log`, stderr by default). `dropout` replaces the model's."""
     from gpt import interop
