@@ -90,5 +90,5 @@ def test_installed_wheel_trains_samples_and_evaluates_outside_the_checkout(wheel
     sampled = tinygpt("sample", "prompt=KING:", "num_samples=1", "max_new_tokens=20")
     assert sampled.stdout.count("KING:") == 1
     evaluated = tinygpt("eval")
-    assert "shakespeare_char val" in evaluated.stdout and "bits per byte" in evaluated.stdout
+    assert "shakespeare_bytes val" in evaluated.stdout and "bits per byte" in evaluated.stdout
     assert sorted(p.name for p in work.iterdir()) == ["outputs"]

@@ -41,6 +41,15 @@ def choose(
     return str(path if ckpt else path.parent.parent)
 
 
+def _no_such_model(what: str, source: str) -> TinyGPTError:
+    from gpt import interop
+
+    return TinyGPTError(
+        f"{what}={source} is not a Hugging Face model (a Hub name such as {', '.join(interop.HUB_MODELS)} or "
+        f"owner/name, or a folder with config.json), a tinygpt run directory or a checkpoint file"
+    )
+
+
 def check(source: str, what: str = "init_from") -> None:
     """Refuse, cheaply and before anything is written, a source `load` could not load: not a GPT-2
     name, folder or checkpoint; a run directory without checkpoints; a file that is no checkpoint
@@ -52,10 +61,7 @@ def check(source: str, what: str = "init_from") -> None:
         return
     path = Path(source).expanduser()
     if not path.exists():
-        raise TinyGPTError(
-            f"{what}={source} is not a Hugging Face model (a Hub name such as {', '.join(interop.HUB_MODELS)} or "
-            f"owner/name, or a folder with config.json), a tinygpt run directory or a checkpoint file"
-        )
+        raise _no_such_model(what, source)
     if not path.is_dir():
         checkpoint.load(path, mmap=True)
         return
@@ -88,10 +94,7 @@ def load(source: str, dropout: float | None = None, log=None) -> Loaded:
         return Loaded(model.eval(), tokenizer, source)
     path = Path(source).expanduser()
     if not path.exists():
-        raise TinyGPTError(
-            f"init_from={source} is not a Hugging Face model (a Hub name such as {', '.join(interop.HUB_MODELS)} or "
-            f"owner/name, or a folder with config.json), a tinygpt run directory or a checkpoint file"
-        )
+        raise _no_such_model("init_from", source)
     if not path.is_dir():
         ckpt, model = _load_file(path, dropout)
         return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from gpt.errors import TinyGPTError
 from gpt.interop import hf
 from gpt.model import GPT, GPTConfig
@@ -72,9 +70,7 @@ def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | 
             continue  # causal-mask buffers of old checkpoints, not weights
         state[key] = value.t() if key.endswith(_TRANSPOSED) else value
     if model_config.tie_embeddings:
-        head = state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-        if not torch.equal(head, state["transformer.wte.weight"]):
-            raise TinyGPTError(f"{folder}: tie_word_embeddings=true but lm_head.weight differs from the token embedding")
+        hf.tie_head(state, folder)
     model = GPT(model_config)
     hf.load_into(model, state, folder, "GPT-2")
     return model, hf.tokenizer_for(folder, model_config.vocab_size, gpt2_vocab=True)

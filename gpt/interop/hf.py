@@ -133,6 +133,14 @@ def write_weights(out: Path, state: dict[str, torch.Tensor]) -> None:
     io.write_bytes(out / "model.safetensors", save(state, metadata={"format": "pt"}))
 
 
+def tie_head(state: dict, folder: Path) -> None:
+    """A tied model's LM head is its token embedding: filled in where the folder leaves it out,
+    refused where the folder holds a different matrix under the tie."""
+    head = state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+    if not torch.equal(head, state["transformer.wte.weight"]):
+        raise TinyGPTError(f"{folder}: tie_word_embeddings=true but lm_head.weight differs from the token embedding")
+
+
 def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Path, family: str) -> None:
     """Load a mapped state dict, every weight accounted for, or say in one line what does not fit."""
     try:

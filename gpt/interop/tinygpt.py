@@ -10,8 +10,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch
-
 from gpt.config.model import GPTConfig
 from gpt.errors import TinyGPTError
 from gpt.interop import hf
@@ -76,9 +74,7 @@ def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | 
     )
     state = dict(hf.read_state_dict(folder))
     if model_config.tie_embeddings:
-        head = state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-        if not torch.equal(head, state["transformer.wte.weight"]):
-            raise TinyGPTError(f"{folder}: tie_word_embeddings=true but lm_head.weight differs from the token embedding")
+        hf.tie_head(state, folder)
     model = GPT(model_config)
     hf.load_into(model, state, folder, "tinygpt")
     return model, hf.tokenizer_for(folder, model_config.vocab_size)
