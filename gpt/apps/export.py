@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 def export(s: ExportConfig) -> Path:
     from gpt import interop
     from gpt.checkpoints import loading
+    from gpt.interop import tinygpt
 
     if Path(s.out).expanduser().exists() and not Path(s.out).expanduser().is_dir():
         raise TinyGPTError(f"out={s.out} is a file; name a folder for the Hugging Face files")
@@ -40,9 +41,9 @@ def export(s: ExportConfig) -> Path:
         out, cls = interop.export(loaded.model, loaded.tokenizer(), s.out)
     except OSError as e:
         raise TinyGPTError(f"cannot write to {s.out} ({e.strerror or e}); pass out=<a folder you can write>") from None
-    remote = ", trust_remote_code=True" if cls.startswith("TinyGPT") else ""
+    remote = ", trust_remote_code=True" if cls == tinygpt.CLASS else ""  # its modeling code is in the folder
     print(
-        f"exported {loaded.source} -> {out} ({cls.split(' ')[0]}: load with "
+        f"exported {loaded.source} -> {out} ({cls}: load with "
         f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}{remote}))"
     )
     return out

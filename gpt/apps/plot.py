@@ -38,16 +38,17 @@ def plot(s: PlotConfig) -> Path:
     if s.attention is None:
         out = plots.plot_curves(run_dir, Path(s.out).expanduser() if s.out else run_dir / "curves.png")
     else:
-        out = _attention(run_dir, s, plots)
+        out = _attention(run_dir, s)
     print(f"wrote {out}")
     return out
 
 
-def _attention(run_dir: Path, s: PlotConfig, plots) -> Path:
+def _attention(run_dir: Path, s: PlotConfig) -> Path:
     import torch
 
     from gpt.checkpoints import loading
     from gpt.generation import encode_prompt
+    from gpt.tracking import plots
 
     loaded = loading.load(str(run_dir), dropout=0.0)
     model, tokenizer = loaded.model.eval(), loaded.tokenizer()

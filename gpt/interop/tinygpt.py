@@ -35,7 +35,7 @@ def cannot_export(c) -> str | None:
 def export(model: GPT, tokenizer, out: Path) -> str:
     """Write `model`, its modeling code and its tokenizer's files as a folder that
     `AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)` loads with tinygpt's
-    logits; returns the class that loads it."""
+    logits; returns the class that loads it (with trust_remote_code=True: its code is in MODULE.py)."""
     c = model.config
     state = {k: v for k, v in model.state_dict().items() if not (k == "lm_head.weight" and c.tie_embeddings)}
     hf.write_weights(out, state)
@@ -54,7 +54,7 @@ def export(model: GPT, tokenizer, out: Path) -> str:
     }
     io.write_json(out / "config.json", config, indent=2)
     hf.write_tokenizer(tokenizer, out, c.block_size)
-    return f"{CLASS} (trust_remote_code=True: the modeling code is in {MODULE}.py)"
+    return CLASS
 
 
 def check(folder: Path, config: dict) -> None:

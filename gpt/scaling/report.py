@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 from gpt.runtime import io
-from gpt.runtime.io import atomic_write
 from gpt.scaling.fit import Point
+from gpt.tracking.plots import pyplot, save
 
 PLOTS = ("isoflops.png", "frontier.png", "loss_vs_compute.png")
 
@@ -96,17 +96,9 @@ def markdown(result: dict, points: list[Point], failed: dict, unfinished: dict, 
 
 
 def _figure(path: Path, draw, size=(7, 5)) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    fig = plt.figure(figsize=size, dpi=100)
+    fig = pyplot().figure(figsize=size, dpi=100)
     draw(fig)
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png")
-    plt.close(fig)
+    save(fig, path)
 
 
 def _finish(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.runtime.io import atomic_write
+from gpt.tracking.plots import pyplot, read_metrics, save
 from gpt.tracking.records import status_of
 
 COLUMNS = [
@@ -39,22 +40,6 @@ def _read_json(path: Path):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _val_curve(run_dir: Path) -> list[tuple[int, float]]:
-    curve = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return curve
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if record.get("kind") == "eval":
-            curve.append((record["step"], record["val"]))
-    return curve
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
@@ -126,7 +111,7 @@ def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> tuple[list[dict]
                 "wall_s": summary.get("wall_s"),
                 "overrides": _overrides(job, summary),
                 "error": summary.get("error"),
-                "curve": _val_curve(job),
+                "curve": [(r["step"], r["val"]) for r in read_metrics(job)[1]],
             }
         )
 
@@ -202,12 +187,7 @@ def write_leaderboard(sweep_dir: str | Path, rank_by: str = "best_val_loss") -> 
 
 
 def plot_curves(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    fig, ax = pyplot().subplots(figsize=(8, 5), dpi=100)
     for row in rows:
         if row["curve"]:
             steps, losses = zip(*row["curve"])
@@ -223,7 +203,4 @@ def plot_curves(rows: list[dict], path: Path) -> None:
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no evaluations yet", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png")
-    plt.close(fig)
+    save(fig, path)

@@ -1,7 +1,7 @@
-"""Pictures of a run: its loss curves (from metrics.jsonl) and a model's attention maps.
-
-Files only (matplotlib's Agg backend, no display), written atomically. `tinygpt plot` draws both;
-a sweep's val curves are gpt.tracking.leaderboard's.
+"""Pictures of a run: its loss curves (from metrics.jsonl) and a model's attention maps; and the
+two helpers every picture of tinygpt's goes through (a sweep's val curves, a scaling study's
+plots): `pyplot()` (files only: matplotlib's Agg backend, no display) and `save()` (a PNG written
+atomically). `tinygpt plot` draws the first two.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from gpt.errors import TinyGPTError
 from gpt.runtime.io import atomic_write
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (no display needed), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,14 +23,25 @@ def _pyplot():
     return plt
 
 
+def save(fig, path: Path) -> Path:
+    """`fig` laid out and written as a PNG at `path`, atomically (a reader never sees half a
+    picture); the figure is closed."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png")
+    pyplot().close(fig)
+    return path
+
+
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """The run's logged training steps and its evals, in order (a line cut short by a crash is
-    skipped; a resumed run's records follow its first attempt's)."""
+    skipped; a resumed run's records follow its first attempt's; no metrics.jsonl: none)."""
     train, evals = [], []
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
-        raise TinyGPTError(f"{run_dir} has no metrics.jsonl: is it a run directory of tinygpt's?") from None
+        return train, evals
     for line in lines:
         try:
             record = json.loads(line)
@@ -45,10 +57,12 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
 def plot_curves(run_dir: Path, out: Path) -> Path:
     """The training loss at every logged step, train and val loss at every eval, and the learning
     rate on a second axis; the best val loss is marked."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise TinyGPTError(f"{run_dir} has no metrics.jsonl: is it a run directory of tinygpt's?")
     train, evals = read_metrics(run_dir)
     if not train and not evals:
         raise TinyGPTError(f"{run_dir}/metrics.jsonl holds no training steps yet; plot it once the run has logged some")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     if train:
         ax.plot([r["step"] for r in train], [r["loss"] for r in train], color="#9ab", lw=1, label="train loss (logged steps)")
@@ -80,10 +94,7 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     else:
         ax.legend(fontsize=8)
     ax.set_title(f"{run_dir.name}: loss curves", fontsize=10)
-    fig.tight_layout()
-    _save(fig, out)
-    plt.close(fig)
-    return out
+    return save(fig, out)
 
 
 def plot_attention(maps: list, tokens: list[str], out: Path, layers: list[int] | None = None) -> Path:
@@ -91,7 +102,7 @@ def plot_attention(maps: list, tokens: list[str], out: Path, layers: list[int] |
     heads, query positions down, key positions across, each cell the weight a query gives a key."""
     layers = list(range(len(maps))) if layers is None else layers
     heads = maps[0].size(1)
-    plt = _pyplot()
+    plt = pyplot()
     size = max(2.2, min(4.0, 0.09 * len(tokens)))
     fig, axes = plt.subplots(len(layers), heads, figsize=(size * heads, size * len(layers)), dpi=110, squeeze=False)
     labels = [{"\n": "⏎", " ": "␣", "": "·"}.get(t, t) for t in tokens]
@@ -107,13 +118,4 @@ def plot_attention(maps: list, tokens: list[str], out: Path, layers: list[int] |
                 ax.set_xticks([])
                 ax.set_yticks([])
     fig.suptitle("attention weights: each row a query position, each column a key it attends to", fontsize=9)
-    fig.tight_layout()
-    _save(fig, out)
-    plt.close(fig)
-    return out
-
-
-def _save(fig, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out) as f:
-        fig.savefig(f, format="png")
+    return save(fig, out)
