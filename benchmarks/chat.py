@@ -51,8 +51,9 @@ def before_sft(base: Path, test: Path) -> dict:
     from gpt.training.finetune import initial_model
 
     ft = compose("config", ["experiment=sft", f"init_from={base}"]).finetune
-    tok = ChatTokenizer(loading.load(str(base)).tokenizer())
-    model = initial_model(str(base), tok, ft, dropout=0.0, log=lambda *a: None)
+    loaded = loading.load(str(base), dropout=0.0)
+    tok = ChatTokenizer(loaded.tokenizer())
+    model = initial_model(str(base), tok, ft, dropout=0.0, log=lambda *a: None, loaded=loaded)
     items = examples(TaskSettings("chat", path=str(test)), test.parent)
     with torch.no_grad():
         return evaluate_chat(model.eval(), tok, items, torch.device("cpu"), batch_size=50)
