@@ -4,6 +4,7 @@ are checked like composed ones. Run: pytest tests/test_config.py"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, fields
 
 import pytest
@@ -185,12 +186,16 @@ def test_data_dir_follows_environment(tmp_path, monkeypatch):
 
 
 def test_gpt2_preset_has_124m_parameters():
+    """GPT-2 small: 124,439,808 parameters at GPT-2's 50257 tokens; the preset pads the tables to
+    50304 rows (model.vocab_multiple=64), 47 x 768 more."""
     s = compose("config", ["model=gpt2"])
+    assert s.model.vocab_size is None and s.model.vocab_multiple == 64  # the tokenizer's, padded
     with torch.device("meta"):  # shapes only: no memory, no init time
-        model = GPT(s.model)
-    assert model.config.vocab_size == 50257
+        model = GPT(dataclasses.replace(s.model, vocab_size=50257))
+        unpadded = GPT(dataclasses.replace(s.model, vocab_size=50257, vocab_multiple=1))
+    assert model.config.vocab_size == 50257 and model.config.padded_vocab_size == 50304
     assert model.lm_head.weight is model.transformer.wte.weight
-    assert model.num_params() == 124_439_808
+    assert unpadded.num_params() == 124_439_808 and model.num_params() == 124_439_808 + 47 * 768
 
 
 def test_settings_built_in_python_are_checked_too():

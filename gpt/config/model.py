@@ -35,6 +35,11 @@ class GPTConfig:
     name: str = "gpt"  # a label for logs and sweeps
     arch: str = "gpt"
     vocab_size: int | None = None  # null: the tokenizer's
+    # The embedding and LM-head tables are padded to a multiple of this many rows (1: none): GPU
+    # matmuls over 50304 rows run at full speed where 50257 do not. vocab_size stays the
+    # tokenizer's, and the model's logits cover it only, so a padded id is never sampled, scored
+    # or exported. Records without it (older checkpoints) are unpadded.
+    vocab_multiple: int = 1
     block_size: int = 64  # longest context the model can attend over
     n_layer: int = 4
     n_head: int = 4
@@ -61,6 +66,10 @@ class GPTConfig:
     # null: n_layer, n_head and n_embd as given
     depth: int | None = None
     aspect_ratio: int = 64
+    # Recompute each block's activations in the backward pass instead of keeping them: about a
+    # third more compute for a fraction of the activation memory (large presets on one GPU). It
+    # changes no weight and no result beyond float rounding, so a resumed run may turn it on or off.
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.arch != "gpt":
@@ -73,7 +82,9 @@ class GPTConfig:
         if self.vocab_size is not None:
             _require_positive("vocab_size", self.vocab_size)
         _require_fraction("dropout", self.dropout)
-        for name in ("bias", "qk_norm", "tie_embeddings"):
+        if not _positive_int(self.vocab_multiple):
+            raise TinyGPTError(f"model.vocab_multiple must be a positive integer (1: no padding), got {self.vocab_multiple!r}")
+        for name in ("bias", "qk_norm", "tie_embeddings", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TinyGPTError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
@@ -119,6 +130,11 @@ class GPTConfig:
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise TinyGPTError(f"RoPE rotates pairs of channels: the head dimension {self.head_dim} must be even")
 
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and LM-head tables: vocab_size rounded up to vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
     @classmethod
     def from_dict(cls, d: dict) -> GPTConfig:
         """From a mapping such as a checkpoint's record; unknown keys are refused by name."""
@@ -158,6 +174,10 @@ class RNNConfig:
         _require_fraction("dropout", self.dropout)
         if self.impl not in ("fused", "explicit"):
             raise TinyGPTError(f"model.impl={self.impl!r} is unknown; use fused or explicit")
+
+    @property
+    def padded_vocab_size(self) -> int:  # recurrent baselines keep their tables unpadded
+        return self.vocab_size
 
     @classmethod
     def from_dict(cls, d: dict) -> RNNConfig:

@@ -96,7 +96,7 @@ def export(model: GPT, tokenizer, out: Path) -> None:
     `GPT2LMHeadModel.from_pretrained(out)` loads with identical logits (see `cannot_export`)."""
     c = model.config
     state = {}
-    for key, value in model.state_dict().items():
+    for key, value in hf.unpadded_state(model).items():
         if key == "lm_head.weight" and c.tie_embeddings:
             continue  # tied to transformer.wte.weight
         state[key] = value.t() if key.endswith(_TRANSPOSED) else value

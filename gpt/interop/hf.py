@@ -133,6 +133,18 @@ def write_weights(out: Path, state: dict[str, torch.Tensor]) -> None:
     io.write_bytes(out / "model.safetensors", save(state, metadata={"format": "pt"}))
 
 
+def unpadded_state(model) -> dict[str, torch.Tensor]:
+    """The model's weights as a Hugging Face folder holds them: the token embedding and LM head
+    cut to the tokenizer's vocab_size, so the rows a padded vocabulary adds (model.vocab_multiple)
+    are never exported, and transformers computes logits over the true vocabulary only."""
+    n = model.config.vocab_size
+    state = model.state_dict()
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        if key in state and state[key].size(0) > n:
+            state[key] = state[key][:n]
+    return state
+
+
 def tie_head(state: dict, folder: Path) -> None:
     """A tied model's LM head is its token embedding: filled in where the folder leaves it out,
     refused where the folder holds a different matrix under the tie."""

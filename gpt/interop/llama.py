@@ -206,7 +206,7 @@ def export(model: GPT, tokenizer, out: Path) -> str:
         theirs_of.update({ours: theirs for theirs, ours in _names(i).items()})
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
     state = {}
-    for key, value in model.state_dict().items():
+    for key, value in hf.unpadded_state(model).items():
         if key == "lm_head.weight":
             if not c.tie_embeddings:
                 state[key] = value

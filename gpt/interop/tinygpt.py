@@ -37,7 +37,7 @@ def export(model: GPT, tokenizer, out: Path) -> str:
     `AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)` loads with tinygpt's
     logits; returns the class that loads it (with trust_remote_code=True: its code is in MODULE.py)."""
     c = model.config
-    state = {k: v for k, v in model.state_dict().items() if not (k == "lm_head.weight" and c.tie_embeddings)}
+    state = {k: v for k, v in hf.unpadded_state(model).items() if not (k == "lm_head.weight" and c.tie_embeddings)}
     hf.write_weights(out, state)
     shutil.copyfile(Path(__file__).with_name(f"{MODULE}.py"), out / f"{MODULE}.py")
     eot = getattr(tokenizer, "eot_id", None)

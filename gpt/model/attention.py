@@ -58,15 +58,14 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:  # before the rotation: it scales a head's vector, RoPE turns it
-            q, k = self.q_norm(q), self.k_norm(k)
+            # back to the compute dtype: the norm computes in fp32, and an fp32 K would make the
+            # KV cache fp32 and be re-cast at every generated token
+            q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         if self.rope:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.store(self.layer_idx, k, v)
-        if self.n_kv_head != self.n_head:  # each K/V head serves a group of query heads
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-
+        grouped = self.n_kv_head != self.n_head  # each K/V head serves a group of query heads
         if self.impl == "sdpa" and not self.capture:
             y = F.scaled_dot_product_attention(
                 q,
@@ -75,8 +74,12 @@ class CausalSelfAttention(nn.Module):
                 attn_mask=mask,
                 is_causal=mask is None,
                 dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=grouped,  # reads each K/V head for its group in place, no copy
             )
         else:
+            if grouped:  # the explicit path spells the groups out
+                k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+                v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             y = self._manual_attention(q, k, v, mask)
 
         # Concatenate heads back: (B, n_head, T, head_dim) -> (B, T, n_head * head_dim).

@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from gpt.config.model import GPTConfig
 from gpt.errors import TinyGPTError
@@ -21,7 +22,16 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch
     Upcast first: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy."""
     if targets is None:
         return None
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+def _head_loss_sum(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, vocab: int, softcap: float | None) -> torch.Tensor:
+    """Summed cross-entropy of one chunk of rows h (N, C) through the LM head: its logits live only
+    inside this call (and again in its recomputation for the backward pass)."""
+    logits = head(h)[:, :vocab]
+    if softcap:
+        logits = softcap * torch.tanh(logits.float() / softcap)
+    return F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction="sum")
 
 
 class Block(nn.Module):
@@ -41,12 +51,19 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    # Logits (rows x padded vocab) above this many elements are never materialised whole by the
+    # training forward: the head and the loss run over chunks of rows, each recomputed in the
+    # backward pass (torch has no fused linear + cross-entropy). 16 x 1024 rows of GPT-2's
+    # vocabulary in fp32 would be 3.3 GB; below the limit (every CPU recipe) the plain path is
+    # faster.
+    LOSS_CHUNK_ELEMENTS = 2**25
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         if config.vocab_size is None:
             raise TinyGPTError("GPTConfig.vocab_size is null: set it (a run takes the tokenizer's) before building the model")
         self.config = config
-        layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        layers = dict(wte=nn.Embedding(config.padded_vocab_size, config.n_embd))
         if config.pos_encoding == "learned":
             layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         layers.update(
@@ -62,7 +79,7 @@ class GPT(nn.Module):
             cos, sin = rope_tables(config.block_size, config.head_dim, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             # Weight tying: the input embedding and the output projection share one matrix, which
             # saves vocab_size * n_embd parameters and trains better for small models.
@@ -91,8 +108,9 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx: (B, T) token ids. Returns logits (B, T, vocab) and the mean cross-entropy loss
-        against `targets` (B, T), or None when no targets are given.
+        """idx: (B, T) token ids. Without targets, returns (logits (B, T, vocab_size), None); with
+        targets (B, T), returns (None, the mean cross-entropy loss): the training forward keeps no
+        logits. Logits cover the tokenizer's vocab_size, never the padded rows.
 
         With a `cache`, idx holds only the positions after those already cached, and the cache
         advances by T (see `KVCache`); that is how generation runs one token at a time.
@@ -117,17 +135,40 @@ class GPT(nn.Module):
             cos, sin = self.rope_cos[pos], self.rope_sin[pos]
             rope = (cos.view(-1, 1, T, cos.size(-1)), sin.view(-1, 1, T, sin.size(-1)))
         x = self.transformer.drop(x)
+        recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x, cache, mask, rope)
+            x = checkpoint(block, x, cache, mask, rope, use_reentrant=False) if recompute else block(x, cache, mask, rope)
         if cache is not None:
             cache.advance(T)
         if last_only:
             x = x[:, -1:, :]
-        logits = self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            return None, self._loss(x, targets)
+        return self._logits(x), None
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x)
+        if self.config.padded_vocab_size != self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]
         if self.config.logit_softcap:  # c tanh(z / c): near z for small z, never beyond +-c (in fp32)
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits.float() / cap)
-        return logits, next_token_loss(logits, targets)
+        return logits
+
+    def _loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the targets that are not -1 (see next_token_loss)."""
+        rows = x.size(0) * x.size(1)
+        if rows * self.config.padded_vocab_size <= self.LOSS_CHUNK_ELEMENTS:
+            return next_token_loss(self._logits(x), targets)
+        h, y = x.reshape(rows, -1), targets.reshape(-1)
+        chunk = max(1, self.LOSS_CHUNK_ELEMENTS // self.config.padded_vocab_size)
+        c = self.config
+        total = sum(
+            checkpoint(_head_loss_sum, self.lm_head, hc, yc, c.vocab_size, c.logit_softcap, use_reentrant=False)
+            for hc, yc in zip(h.split(chunk), y.split(chunk))
+        )
+        return total / (y != -1).sum()
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; tied weights count once. `non_embedding` drops the position table

@@ -88,9 +88,16 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
     emb = _token_table(model)
     head = model.lm_head
     tied = head.weight is emb.weight
+    size = need
+    if hasattr(model.config, "vocab_multiple") and emb.num_embeddings < need:
+        # A table re-allocated anyway is padded for free: a BPE vocabulary to a multiple of 64
+        # (GPT-2's 50257 + 4 -> 50304, not a misaligned 50261); a char or byte one as it was.
+        multiple = max(model.config.vocab_multiple, 64 if need >= 1024 else 1)
+        model.config.vocab_multiple = multiple
+        size = -(-need // multiple) * multiple
     with torch.no_grad():
         if emb.num_embeddings < need:
-            grown = torch.nn.Embedding(need, emb.embedding_dim, dtype=emb.weight.dtype, device=emb.weight.device)
+            grown = torch.nn.Embedding(size, emb.embedding_dim, dtype=emb.weight.dtype, device=emb.weight.device)
             grown.weight[: emb.num_embeddings] = emb.weight
             if hasattr(model, "transformer"):
                 model.transformer.wte = grown
@@ -100,7 +107,7 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
                 head.weight = grown.weight
             emb = grown
         if not tied and head.out_features < need:
-            grown = torch.nn.Linear(head.in_features, need, bias=head.bias is not None, dtype=head.weight.dtype)
+            grown = torch.nn.Linear(head.in_features, size, bias=head.bias is not None, dtype=head.weight.dtype)
             grown.weight[: head.out_features] = head.weight
             if head.bias is not None:
                 grown.bias[: head.out_features] = head.bias
