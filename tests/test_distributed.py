@@ -148,8 +148,12 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise
     out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]
     assert "(signal on another rank)" in out and "Traceback" not in err, (out[-2000:], err[-2000:])
-    (saved,) = runs.step_checkpoints(run_dir)  # one save
+    # One save for the stop: under torchrun the ranks read their stop flags every few steps and
+    # after each eval, so an eval's checkpoint may come before it.
+    *evals, saved = runs.step_checkpoints(run_dir)
     stopped_at = checkpoint.load(saved).step
+    assert all(checkpoint.load(p).step % 8 == 0 and checkpoint.load(p).step < stopped_at for p in evals)
+    assert out.count("stopped at step") == 1
     assert (stopped_at >= 5) if when == "in the loop" else (stopped_at == 0)
     resumed = subprocess.run(
         [*TORCHRUN, *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env, capture_output=True, text=True

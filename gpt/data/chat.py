@@ -247,6 +247,9 @@ def open_chat_split(out_dir: Path, meta: dict, split: str) -> ChatSplit:
 # --- batches -------------------------------------------------------------------------------------
 
 
+WIDTH_STEP = 64  # conversation batches are padded to a multiple of this many columns
+
+
 class ConversationBatches:
     """Batches of `batch_size` whole conversations drawn at random (the same seeded global draw
     on every rank, each keeping its rows, as gpt.data.loader.RandomWindows), padded to the
@@ -263,8 +266,14 @@ class ConversationBatches:
         rank: int = 0,
         world_size: int = 1,
         length_buckets: int = 1,
+        width_step: int | None = None,
     ):
-        self.split, self.device = split, device
+        self.split, self.device, self.block_size = split, device, block_size
+        # On a GPU, widths in steps of WIDTH_STEP (up to the context): a compiled model meets a
+        # handful of shapes instead of one per batch (each new one recompiles, or turns dynamic),
+        # and the matmuls stay aligned; the extra columns are padding, trained on by nothing. On
+        # a CPU, padding is only work: widths stay the longest conversation's.
+        self.width_step = width_step or (WIDTH_STEP if device.type == "cuda" else 1)
         lengths = split.lengths()
         self.eligible = np.flatnonzero(lengths <= block_size + 1)  # a conversation fits whole, or not at all
         self.dropped = len(split) - len(self.eligible)
@@ -280,6 +289,7 @@ class ConversationBatches:
         self.buckets = [b for b in np.array_split(by_length, max(1, min(length_buckets, len(by_length)))) if len(b)]
         self._weights = torch.tensor([len(b) for b in self.buckets], dtype=torch.float)
         self.padding = 0.0  # the share of the last batch's positions that were padding
+        self.tokens = self.trained = 0  # the last batch's real input tokens, and its trained targets
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         bucket = self.buckets[0]
@@ -287,15 +297,24 @@ class ConversationBatches:
             bucket = self.buckets[int(torch.multinomial(self._weights, 1, generator=self.generator))]
         draws = torch.randint(len(bucket), (self.global_batch,), generator=self.generator)[self.rows].numpy()
         chosen = [self.split.conversation(int(bucket[d])) for d in draws]
-        width = max(len(ids) for ids, _ in chosen) - 1
+        longest = max(len(ids) for ids, _ in chosen) - 1
+        width = min(self.block_size, -(-longest // self.width_step) * self.width_step)
         x = np.zeros((len(chosen), width), dtype=np.int64)
         y = np.full((len(chosen), width), IGNORE, dtype=np.int64)
         for r, (ids, mask) in enumerate(chosen):
             n = len(ids) - 1
             x[r, :n] = ids[:-1]
             y[r, :n] = np.where(mask[1:] == 1, ids[1:].astype(np.int64), IGNORE)
-        self.padding = 1.0 - sum(len(ids) - 1 for ids, _ in chosen) / x.size
-        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        self.tokens = sum(len(ids) - 1 for ids, _ in chosen)  # real input tokens: what tokens/s counts
+        self.trained = int((y != IGNORE).sum())  # what the step weights this batch's loss by
+        self.padding = 1.0 - self.tokens / x.size
+        return self._to_device(x), self._to_device(y)
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        if self.device.type == "cuda":  # pinned: the copy runs asynchronously, the host moves on
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,20 @@ def _slurm_tasks_on_this_node(env) -> int:
     return int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
 
 
+def _collective_timeout() -> timedelta:
+    """How long a collective may wait for a rank before the job fails: 30 minutes (NCCL's default
+    is 10), room for rank 0 alone writing a large checkpoint or scoring eval tasks;
+    TINYGPT_DIST_TIMEOUT_S sets another."""
+    return timedelta(seconds=float(os.environ.get("TINYGPT_DIST_TIMEOUT_S", 30 * 60)))
+
+
+# Preparing a corpus (tokenizing FineWeb-Edu's 10B tokens) takes hours on one process per node,
+# longer than any sane collective timeout; the other ranks wait for it in a gloo group of its own
+# (host-side, outside NCCL's watchdog) with this much patience.
+PREPARATION_TIMEOUT = timedelta(days=2)
+_patient_group = None
+
+
 def init(d: Dist, device: torch.device) -> None:
     if not d.enabled or dist.is_initialized():
         return
@@ -75,16 +90,20 @@ def init(d: Dist, device: torch.device) -> None:
                 f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda"
             )
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=_collective_timeout())
     elif device.type == "cpu":
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=_collective_timeout())
     else:
         raise TinyGPTError(f"distributed training on {device.type} is not supported; use CUDA GPUs or device=cpu")
+    global _patient_group
+    _patient_group = dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
 
 
 def shutdown() -> None:
+    global _patient_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _patient_group = None
 
 
 def mean(t: torch.Tensor, d: Dist) -> torch.Tensor:
@@ -105,6 +124,16 @@ def any_true(flag: bool, d: Dist, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def max_tensor(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The elementwise max of t over all ranks, left on the device (no host read: on a GPU the
+    all-reduce is queued like any kernel)."""
+    if not d.enabled:
+        return t
+    t = t.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def broadcast(obj, d: Dist):
     """Rank 0's value of a picklable object, on every rank."""
     if not d.enabled:
@@ -123,6 +152,8 @@ def gather(obj, d: Dist) -> list:
     return out
 
 
-def barrier(d: Dist) -> None:
+def barrier(d: Dist, patient: bool = False) -> None:
+    """Wait for every rank. `patient`: a wait as long as a corpus takes to prepare (see
+    PREPARATION_TIMEOUT), where the others wait for local rank 0's work."""
     if d.enabled:
-        dist.barrier()
+        dist.barrier(group=_patient_group if patient else None)

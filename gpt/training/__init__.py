@@ -17,9 +17,12 @@ continues from, `build_run` (gpt.training.setup) builds everything once, `Traine
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 from gpt.checkpoints import runs
 from gpt.config import RunConfig
@@ -76,4 +79,9 @@ def train(
         if claimed is not None:
             claimed.release()
         distributed.shutdown()
+        # The next job of a multirun (a sweep, a scaling study) compiles its own model afresh:
+        # left in place, dynamo's guards on this one's modules and settings make each job a
+        # recompile, and past torch._dynamo.config.recompile_limit (8) the rest run eager, silently.
+        if "torch._dynamo" in sys.modules:  # (importing it only to reset it would cost a second)
+            torch.compiler.reset()
         devices.free_memory()

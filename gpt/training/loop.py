@@ -29,6 +29,7 @@ from gpt.training import saving
 from gpt.training import step as steps
 from gpt.training.state import Run, quiet
 
+STOP_CHECK_EVERY = 10  # steps between reads of the ranks' stop flags under torchrun (see _loop)
 StepHook = Callable[[int, float], None]  # (step just finished, its loss)
 EvalHook = Callable[[int, dict], None]  # (step, {"train": loss, "val": loss}); may raise to stop
 
@@ -47,6 +48,8 @@ class Trainer:
         self.last_eval: dict[str, float] = dict(run.progress.last_eval)  # a resumed run's, until its next eval
         self.evals_done = 0
         self.records = RunRecords()  # fit() opens the real ones on rank 0
+        self.guard = steps.Guard()  # the non-finite verdicts not read yet
+        self.tokens_in_interval = 0  # real tokens this rank trained on since the last log line
 
     # --- the public steps ------------------------------------------------------------------------
 
@@ -55,12 +58,18 @@ class Trainer:
         mean loss and the gradient norm as tensors (reading them syncs with the device)."""
         r, ts = self.run, self.ts
         self.lr = r.schedule.set_lr(r.optimizer, r.progress.step)
-        loss, norm = steps.train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip)
+        result = steps.train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip, r.dist)
         if self._histograms_at(r.progress.step + 1):  # gradients exist only until the update below
             self.records.tb.grad_histograms(r.progress.step + 1, r.model)
-        steps.apply_or_skip(r, loss, norm, ts.max_bad_steps)
+        steps.apply_or_skip(r, result, self.guard)
         r.progress.step += 1
-        return loss, norm
+        self.tokens_in_interval += result.tokens
+        return result.loss, result.norm
+
+    def settle(self) -> None:
+        """Read the non-finite guard's verdicts of the steps so far (a host sync): counts, warnings,
+        and the stop of a diverged run. Before anything that saves or reports the state."""
+        self.guard.settle(self.run, self.ts.max_bad_steps)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -206,16 +215,25 @@ class Trainer:
         t_interval, steps_in_interval = time.time(), 0
         while True:
             step = r.progress.step
+            evaluated = False
             if (step % ts.eval_interval == 0 or step == ts.max_iters) and not (step == first and step > 0):
+                evaluated = True
+                self.settle()
                 if steps_in_interval and not self.tokens_per_s:  # a run too short to log a step has a speed too
-                    self.tokens_per_s = r.tokens_per_step * steps_in_interval / (time.time() - t_interval)
+                    self.tokens_per_s = self._tokens_per_s(time.time() - t_interval)
                 self._eval_and_save(step)
                 if on_eval is not None:
                     on_eval(step, dict(self.last_eval))
-                t_interval, steps_in_interval = time.time(), 0  # keep eval time out of step timing
+                t_interval, steps_in_interval, self.tokens_in_interval = time.time(), 0, 0  # eval time is no step time
             if step >= ts.max_iters:
+                self.settle()
                 return False
-            if distributed.any_true(stop.requested, r.dist, r.rt.device):
+            # Alone, the stop flag is a host bool; under torchrun reading the ranks' flags is an
+            # all-reduce and a host sync, so it happens every STOP_CHECK_EVERY steps, and after
+            # each eval (a sync already, and a stop there needs no second save).
+            check = not r.dist.enabled or evaluated or (step - first) % STOP_CHECK_EVERY == 0
+            if check and distributed.any_true(stop.requested, r.dist, r.rt.device):
+                self.settle()
                 self._stop(stop)
                 return True
             loss, norm = self.step()
@@ -224,8 +242,24 @@ class Trainer:
             if on_step is not None:
                 on_step(r.progress.step, distributed.mean(loss, r.dist).item())
             if r.progress.step % ts.log_interval == 0:
-                self._log_step(loss, norm, (time.time() - t_interval) / steps_in_interval, bar)
-                t_interval, steps_in_interval = time.time(), 0
+                self.settle()
+                self._log_step(loss, norm, time.time() - t_interval, steps_in_interval, bar)
+                t_interval, steps_in_interval, self.tokens_in_interval = time.time(), 0, 0
+            elif r.progress.step == first + 1:
+                # The first step of a process compiles (compile=true), warms up kernels and
+                # allocators: left out of the first logged speed and MFU.
+                t_interval, steps_in_interval, self.tokens_in_interval = time.time(), 0, 0
+
+    def _tokens_per_s(self, seconds: float) -> float:
+        """Real tokens a second, over all ranks, since the interval began (conversations count
+        their tokens, not their padding)."""
+        r = self.run
+        tokens = self.tokens_in_interval
+        if r.dist.enabled:  # ranks draw different conversations: their counts differ
+            tokens = distributed.mean(torch.tensor(float(tokens), device=r.rt.device), r.dist).item() * r.dist.world_size
+        else:
+            tokens *= r.dist.world_size
+        return tokens / max(seconds, 1e-9)
 
     def _histograms_at(self, step: int) -> bool:
         """Whether the eval at `step` (if one comes there) writes histograms: then the gradients
@@ -285,10 +319,11 @@ class Trainer:
         self.run.log(f"tasks step {step}: {shown}")
         self.records.tasks(step, figures)
 
-    def _log_step(self, loss: torch.Tensor, norm: torch.Tensor, dt: float, bar) -> None:
+    def _log_step(self, loss: torch.Tensor, norm: torch.Tensor, seconds: float, n_steps: int, bar) -> None:
         r = self.run
         loss_value = distributed.mean(loss, r.dist).item()  # host sync, once per interval
-        self.tokens_per_s = r.tokens_per_step / dt
+        dt = seconds / n_steps
+        self.tokens_per_s = self._tokens_per_s(seconds)
         extra, mfu = {"grad_norm": norm.item(), "perf/tokens_per_s": self.tokens_per_s}, ""
         if self.peak_flops:
             extra["perf/mfu"] = r.model.flops_per_token() * self.tokens_per_s / (self.peak_flops * r.dist.world_size)

@@ -1,11 +1,12 @@
 """Parameter groups, the optimizers (AdamW, and Muon for the hidden matrices) and the LR schedule.
 
 AdamW is torch.optim.AdamW (its fused kernel where the device has one); Muon is a
-torch.optim.Optimizer of its own (see `Muon` for why not torch's); `Optimizers` holds the run's
-optimizers as one torch optimizer. Being torch.optim optimizers costs the first step an import of
-torch._dynamo (torch.optim's step is wrapped by it), measured in docs/performance.md; what it buys
-is everything built on torch.optim.Optimizer: LR schedulers, a compiled step, ZeRO and FSDP2's
-DTensor state, torch.distributed.checkpoint's optimizer helpers.
+torch.optim.Optimizer of its own (see `Muon` for why not torch's; under DDP its ranks share the
+Newton-Schulz work); `Optimizers` holds the run's optimizers as one torch optimizer, and skips a
+step on a flag that stays on the device (`Optimizers.step_unless`). Being torch.optim optimizers
+costs the first step an import of torch._dynamo (torch.optim's step is wrapped by it), measured
+in docs/performance.md; what it buys is everything built on torch.optim.Optimizer: LR schedulers,
+a compiled step, ZeRO and FSDP2's DTensor state, torch.distributed.checkpoint's optimizer helpers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import ChainMap
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
@@ -97,34 +99,88 @@ class Muon(torch.optim.Optimizer):
         self.ns_dtype = ns_dtype  # how the machine computes, not a hyperparameter: kept out of the state dict
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, found_inf: torch.Tensor | None = None):
+        """With `found_inf` (a 0-dim tensor; non-zero: skip), the step moves nothing where the
+        flag is set, decided on the device (see `Optimizers.step_unless`)."""
         loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
-                self._update(group, params)
+                skip = None if found_inf is None else found_inf.to(params[0].device, non_blocking=True) != 0
+                self._update(group, params, skip)
         return loss
 
-    def _update(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _update(self, group: dict, params: list[torch.Tensor], skip: torch.Tensor | None) -> None:
         for p in params:
             if "momentum_buffer" not in self.state[p]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
         grads = [p.grad for p in params]
         bufs = [self.state[p]["momentum_buffer"] for p in params]
-        torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
-        updates = torch._foreach_lerp(grads, bufs, group["momentum"])  # Nesterov: look one step ahead
-        torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
+        if skip is not None:
+            # A skipped step, on the device: its gradients are replaced by the momentum (a where,
+            # not a product: NaN * 0 is NaN), which leaves the momentum as it was and every value
+            # below finite, and then its update is multiplied by 0 and its decay is 1. Where the
+            # step is kept, the gradients, the update times 1 and the decay are exactly step()'s.
+            grads = [torch.where(skip, buf, grad) for buf, grad in zip(bufs, grads)]
+            decay = torch.where(skip, 1.0, decay)
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)
+        updates = torch._foreach_lerp(grads, bufs, momentum)  # Nesterov: look one step ahead
+        if skip is not None:
+            torch._foreach_mul_(updates, (~skip).to(updates[0].dtype))  # Newton-Schulz takes 0 to 0
+        torch._foreach_mul_(params, decay)
         # Matrices of one shape go through Newton-Schulz as one batch: a few large matmuls
-        # instead of many small ones.
+        # instead of many small ones. All shapes are started before any is applied, so that
+        # under DDP one shape's exchange overlaps the next shape's Newton-Schulz.
         by_shape: dict[torch.Size, list[int]] = {}
         for i, p in enumerate(params):
             by_shape.setdefault(p.shape, []).append(i)
+        started, first = [], 0
         for shape, idx in by_shape.items():
-            ortho = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype)
+            started.append((shape, idx, *self._orthogonalize([updates[i] for i in idx], group["ns_steps"], first)))
+            first += len(idx)
+        for shape, idx, ortho, exchange in started:
+            if exchange is not None:
+                exchange.wait()  # NCCL: the compute stream waits on the device, not the host
             # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
             scale = math.sqrt(max(1.0, shape[0] / shape[1]))
             for j, i in enumerate(idx):
-                params[i].add_(ortho[j], alpha=-group["lr"] * scale)
+                params[i].add_(ortho[j], alpha=-lr * scale)
+
+    def _orthogonalize(self, updates: list[torch.Tensor], steps: int, first: int) -> tuple[list[torch.Tensor], dist.Work | None]:
+        """Newton-Schulz on `updates`, matrices of one shape: returns their orthogonalised
+        forms, and the exchange to wait for before reading them (None in one process).
+
+        Under DDP every rank holds the same updates (momentum of all-reduced gradients), so
+        orthogonalising all of them on every rank is the same work done N times. Instead matrix
+        j is orthogonalised by rank (first + j) % N only (numbered across the shapes from
+        `first`, so the ranks' shares stay within one matrix of each other), and an all_gather
+        of equal-size stacks (a rank with one matrix fewer sends a zero one) gives every rank
+        all of them. The momentum stays on every rank, so the optimizer state, and the
+        checkpoint rank 0 writes, are what one process would hold."""
+        rank, world = _replicas()
+        if world == 1:
+            return list(orthogonalize(torch.stack(updates), steps, self.ns_dtype)), None
+        n, share = len(updates), -(-len(updates) // world)
+        mine = updates[(rank - first) % world :: world]
+        local = updates[0].new_zeros((share, *updates[0].shape))
+        if mine:
+            ortho = orthogonalize(torch.stack(mine), steps, self.ns_dtype)
+            local = ortho if len(mine) == share else torch.cat([ortho, local[len(mine) :]])
+        gathered = local.new_empty((world * share, *local.shape[1:]))  # rank r's stack at rows r*share...
+        # all_gather_single: newer torch's name for all_gather_into_tensor (deprecated in 2.13; older torch has only that).
+        exchange = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        work = exchange(gathered, local, async_op=True)
+        return [gathered[(first + j) % world * share + j // world] for j in range(n)], work
+
+
+def _replicas() -> tuple[int, int]:
+    """(rank, world size) of the processes holding replicas of the model (DDP's default process
+    group), or (0, 1) in one process. Not for sharded parameters (FSDP2): each rank would then
+    hold parts of the matrices, not copies."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class Optimizers(torch.optim.Optimizer):
@@ -162,11 +218,41 @@ class Optimizers(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, found_inf: torch.Tensor | None = None):
+        """Every part steps; with `found_inf`, see `step_unless`."""
         loss = _closure_loss(closure)
+        # Exactly 0.0 or 1.0 in float32: what torch's fused kernels compare against (and subtract
+        # from their step counters), whatever the caller's dtype or non-zero value.
+        skip = None if found_inf is None else (found_inf != 0).to(torch.float32)
         for o in self.parts:
-            o.step()
+            if skip is None:
+                o.step()
+            elif isinstance(o, Muon):
+                o.step(found_inf=skip)
+            elif getattr(o, "_step_supports_amp_scaling", False):
+                # torch's fused AdamW (CPU and CUDA): the contract GradScaler uses. The kernel
+                # returns early where found_inf is 1, and the step counter it has already
+                # advanced is moved back by the flag, all on the device.
+                o.found_inf = skip
+                try:
+                    o.step()
+                finally:
+                    del o.found_inf
+            elif not skip.item():
+                # An unfused AdamW (torch has no fused kernel for the device; build_optimizer fuses
+                # it on CPU and CUDA) reads the flag on the host: free on a CPU, a sync elsewhere.
+                o.step()
         return loss
+
+    def step_unless(self, found_inf: torch.Tensor) -> None:
+        """Step, unless `found_inf` (a 0-dim float32 tensor on the device, 1.0 when the step's
+        loss or gradient norm is not finite; any non-zero value, or a bool, reads the same) says
+        not to: then every parameter and every state tensor (AdamW's moments and step counts,
+        Muon's momentum) is left exactly as it was. The flag is never read on the host where
+        AdamW is fused (build_optimizer fuses it on CPU and CUDA), so the training loop does not
+        wait for the GPU to decide. Under DDP every rank must pass the same flag (all-reduced):
+        Muon's ranks exchange results whatever its value, and then each applies it alike."""
+        self.step(found_inf=found_inf)
 
     def state_dict(self) -> dict:
         state, groups, offset = {}, [], 0

@@ -24,7 +24,7 @@ from gpt.checkpoints import checkpoint, loading, runs
 from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.checkpoints.resume import ResumePoint, resume_point
 from gpt.config import RunConfig, changed_settings
-from gpt.config.model import LABELS, as_given
+from gpt.config.model import LABELS, GPTConfig, as_given
 from gpt.data import Dataset, load_data
 from gpt.data.shards import SIZES
 from gpt.errors import TinyGPTError
@@ -192,7 +192,7 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict
     # One process per node prepares (nodes may not share a filesystem); the others wait, then read.
     if dist.local_rank == 0:
         data = load_data(cfg.data, cfg.paths.data_root(), log=log, base_tokenizer=base_tokenizer)
-    distributed.barrier(dist)
+    distributed.barrier(dist, patient=True)  # preparing a large corpus takes longer than a collective may wait
     if dist.local_rank != 0:  # local rank 0 checked it
         data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=SIZES, base_tokenizer=base_tokenizer)
     log(
@@ -239,6 +239,8 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
         f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})",
     )
     saved = registry.config_from_dict(resumed.model_config)
+    if isinstance(saved, GPTConfig):  # how the backward pass spends memory is this run's to choose
+        saved = replace(saved, activation_checkpointing=config.activation_checkpointing)
     old, new = as_given(saved), as_given(config)
     diff = [
         f"model.{k}={new.get(k)!r} (checkpoint: {old.get(k)!r})"
@@ -312,4 +314,8 @@ def _wrap(model: nn.Module, rt: devices.Runtime, dist: distributed.Dist) -> tupl
     if not dist.enabled:
         return compiled, compiled
     device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-    return DDP(compiled, device_ids=device_ids), compiled
+    # No buffer broadcast: the model's buffers are fixed tables (RoPE, sinusoids) equal on every
+    # rank, and broadcasting them before every forward costs a collective per step. Gradients as
+    # views into DDP's buckets: no second gradient-sized copy.
+    wrapped = DDP(compiled, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True)
+    return wrapped, compiled

@@ -241,3 +241,21 @@ def test_a_damaged_file_is_prepared_again_and_an_intact_one_is_not_reread(tmp_pa
     data = load(settings(path), root)
     assert "train.tokens.bin" in reads and (root / "chats" / "meta.json").stat().st_mtime_ns != stamp
     assert shard.read_bytes() != bytes(damaged) and len(data.splits["train"]) == 9  # prepared again, whole
+
+
+def test_widths_come_in_steps_of_64_on_a_gpu_and_exact_on_a_cpu():
+    """A compiled model on a GPU meets a handful of widths (each new one would recompile) and its
+    matmuls stay aligned; on a CPU the extra columns would only be work. Either way the batch
+    counts its real tokens and its trained targets."""
+    tok = ChatTokenizer(ByteTokenizer())
+    split = varied_split(tok)  # no byte 0 in it: a 0 in x is padding
+    assert ConversationBatches(split, 128, 4, torch.device("cuda"), seed=0).width_step == 64
+    exact = ConversationBatches(split, 128, 4, torch.device("cpu"), seed=0)
+    stepped = ConversationBatches(split, 100, 4, torch.device("cpu"), seed=0, width_step=64)
+    for batches in (exact, stepped):
+        for _ in range(20):
+            x, y = batches.next()
+            longest = int((x != 0).sum(1).max())
+            want = longest if batches is exact else min(100, -(-longest // 64) * 64)
+            assert x.size(1) == want
+            assert batches.tokens == int((x != 0).sum()) and batches.trained == int((y != IGNORE).sum())

@@ -40,10 +40,10 @@ def test_accumulating_half_batches_equals_one_full_batch(clip):
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     opt_a = torch.optim.SGD(a.parameters(), lr=0.5)
     opt_b = torch.optim.SGD(b.parameters(), lr=0.5)
-    loss_a, norm_a = train_step(a, FixedBatches([(x, y)]), opt_a, scaler, rt, accum_steps=1, grad_clip=clip)
-    loss_b, norm_b = train_step(
-        b, FixedBatches([(x[:4], y[:4]), (x[4:], y[4:])]), opt_b, scaler, rt, accum_steps=2, grad_clip=clip
-    )
+    one = train_step(a, FixedBatches([(x, y)]), opt_a, scaler, rt, accum_steps=1, grad_clip=clip)
+    two = train_step(b, FixedBatches([(x[:4], y[:4]), (x[4:], y[4:])]), opt_b, scaler, rt, accum_steps=2, grad_clip=clip)
+    (loss_a, norm_a), (loss_b, norm_b) = (one.loss, one.norm), (two.loss, two.norm)
+    assert one.tokens == two.tokens == 64
     assert torch.allclose(loss_a, loss_b, atol=1e-6) and torch.allclose(norm_a, norm_b, atol=1e-6)
     if clip:  # clipped: the applied gradient has norm `clip`, the reported norm is the raw one
         total = torch.cat([p.grad.flatten() for p in a.parameters()]).norm()
@@ -75,3 +75,34 @@ def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_roo
         train(cfg)
     assert [p.name for p in runs.step_checkpoints(tmp_path)] == ["ckpt-0000010.pt"]
     assert all(torch.isfinite(v).all() for v in checkpoint.load(runs.latest(tmp_path)).model.values())
+
+
+class ConversationLike(FixedBatches):
+    """Batches with untrained targets (-1), counted as gpt.data.chat.ConversationBatches counts them."""
+
+    def next(self):
+        x, y = super().next()
+        self.trained, self.tokens = int((y != -1).sum()), int((y != -1).sum())
+        return x, y
+
+
+def test_every_trained_token_weighs_the_same_across_micro_batches():
+    """A long reply and a short one in two micro-batches: the step's gradient is that of the mean
+    over all 12 trained tokens, not the mean of the two micro-batches' means."""
+    rt = devices.setup("cpu", "float32", False)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=12, n_layer=1, n_head=2, n_embd=16))
+    by_hand = copy.deepcopy(model)
+    x = torch.randint(0, 32, (2, 12))
+    y = torch.full((2, 12), -1)
+    y[0, 2:12] = x[0, 2:12]  # a long reply: 10 trained tokens
+    y[1, 10:12] = x[1, 10:12]  # a short one: 2
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    result = train_step(model, ConversationLike([(x[:1], y[:1]), (x[1:], y[1:])]), opt, scaler, rt, accum_steps=2, grad_clip=0.0)
+    logits, _ = by_hand(x)
+    per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, 32), y.reshape(-1), ignore_index=-1, reduction="sum")
+    (per_token / 12).backward()
+    assert torch.allclose(result.loss, per_token.detach() / 12, atol=1e-6) and result.tokens == 12
+    for a, b in zip(model.parameters(), by_hand.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
