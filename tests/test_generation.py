@@ -264,3 +264,100 @@ def test_stop_strings_from_python_are_taken_as_given():
     settings = SamplingSettings(stop=["\\n", "a\nb"])
     assert settings.stop == ("\\n", "a\nb") and replace(settings, seed=2).stop == settings.stop
     assert SamplingSettings(stop="END").stop == ("END",) and SamplingSettings().stop == ()
+
+
+def test_the_batched_draw_is_the_per_row_multinomial_draw():
+    """One draw for all rows, each row from its own generator, takes the tokens that
+    torch.multinomial would take row by row and leaves each generator where multinomial would:
+    a seed samples the same text as before, and rows stay independent of their batch."""
+    from gpt.generation import draw
+
+    torch.manual_seed(0)
+    for vocab in (7, 65, 50304):
+        logits = torch.randn(4, vocab) * 3
+        logits[1, vocab // 2 :] = float("-inf")  # filtered tokens have probability 0
+        probs = torch.softmax(logits, dim=-1)
+        ours, theirs = ([torch.Generator().manual_seed(s) for s in range(4)] for _ in range(2))
+        for _ in range(5):
+            expected = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(theirs)])
+            assert torch.equal(draw(probs, ours), expected)
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs))
+
+
+def test_sampling_never_calls_multinomial(monkeypatch):
+    """torch.multinomial reads two checks of its input back to the host, per row and token."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.multinomial called")
+
+    monkeypatch.setattr(torch, "multinomial", refuse)
+    text = generate(_model(), CharTokenizer(list(ALPHABET)), ["the ", "a"], SamplingSettings(max_new_tokens=10, top_k=None))
+    assert all(len(t[0]) == 10 for t in text)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_reading_tokens_every_few_steps_gives_the_same_text(monkeypatch, temperature):
+    """On a GPU the tokens are read back every 8 steps (gpt.generation.read_every): stops
+    inside a chunk, rows ending at different steps and the end of the loop give the text that
+    reading every step gives, with one read per chunk."""
+    import gpt.generation as generation
+
+    model, tok = _model(), CharTokenizer(list(ALPHABET))
+    cfg = SamplingSettings(max_new_tokens=30, temperature=temperature, top_k=10, seed=4)
+    free = generate(model, tok, ["the ", "what light"], cfg)
+    stop = free[0][0][13:15]  # ends row 0 inside a chunk; row 1 may run to max_new_tokens
+    every_step = generate(model, tok, ["the ", "what light"], replace(cfg, stop=(stop,)))
+    reads = []
+    real = Decoder.steps
+    monkeypatch.setattr(Decoder, "steps", lambda self, n, **kw: reads.append(n) or real(self, n, **kw))
+    monkeypatch.setattr(generation, "read_every", lambda device: 8)
+    assert generate(model, tok, ["the ", "what light"], cfg) == free and reads == [8, 8, 8, 6]
+    assert generate(model, tok, ["the ", "what light"], replace(cfg, stop=(stop,))) == every_step
+    assert "".join(stream(model, tok, "the ", replace(cfg, stop=(stop,)))) == every_step[0][0]
+
+
+def test_a_diverged_model_is_a_one_line_error_also_when_read_every_few_steps(monkeypatch):
+    import gpt.generation as generation
+
+    model, tok = _model(), CharTokenizer(list(ALPHABET))
+    with torch.no_grad():
+        model.lm_head.weight[3, 0] = float("nan")
+    for every in (1, 8):
+        monkeypatch.setattr(generation, "read_every", lambda device, every=every: every)
+        with pytest.raises(TinyGPTError, match="not finite numbers"):
+            generate(model, tok, ["the "], SamplingSettings(max_new_tokens=20, temperature=1.0))
+    with pytest.raises(TinyGPTError, match="not finite numbers"):
+        Decoder(model, [[1, 2]], SamplingSettings(temperature=1.0), [0]).step()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Compiled code is cached per function, across models: start and end with none."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+@pytest.mark.parametrize("block_size", [64, 16])  # 20 new tokens within the context, and past it
+def test_a_compiled_model_generates_without_recompiling_per_token(fresh_dynamo, block_size):
+    """sample.py's compile=true: generation traces the forward once per kind of call (a prompt,
+    a one-token prompt, the one-token steps, a window re-encoded past the context), not once
+    per token as the cache grows, and greedy text equals the eager model's. A backend that
+    counts what it is given stands in for inductor."""
+    from gpt.generation import compile_for_generation
+
+    model, tok = _model(block_size=block_size), CharTokenizer(list(ALPHABET))
+    cfg = SamplingSettings(max_new_tokens=20, temperature=0.0)
+    eager = [generate(model, tok, [p], cfg) for p in ("ROMEO:", "a")]
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compile_for_generation(model, backend=counting_backend)
+    assert [generate(model, tok, [p], cfg) for p in ("ROMEO:", "a")] == eager
+    assert len(graphs) <= 4, len(graphs)
+    traced = len(graphs)
+    longer = replace(cfg, max_new_tokens=60)
+    assert generate(model, tok, ["KING:"], longer) and len(graphs) == traced  # 60 more tokens, nothing new

@@ -53,3 +53,28 @@ def test_fused_and_explicit_recurrences_agree_over_a_sequence(arch):
     explicit.load_state_dict(fused.state_dict())
     idx = torch.randint(0, 10, (3, 9))
     assert torch.allclose(fused(idx)[0], explicit(idx)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("impl", ["fused", "explicit"])
+def test_the_recurrence_runs_in_float32_under_bf16_autocast(arch, impl):
+    """Under autocast the recurrence computes in float32 (cuDNN's RNNs would run in fp16 with no
+    loss scaling, the explicit steps' matmuls in bf16): its outputs at every step, and the state
+    it carries, equal those without autocast bit for bit; only the LM head runs in bf16. CUDA's
+    own case: tests/test_cuda.py."""
+    torch.manual_seed(0)
+    model = RecurrentLM(RNNConfig(arch=arch, vocab_size=10, n_layer=2, n_embd=6, n_hidden=5, impl=impl)).eval()
+    idx = torch.randint(0, 10, (3, 9))
+    seen = []  # what the recurrence hands the LM head
+    model.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    plain, mixed = RNNState(), RNNState()
+    model(idx, cache=plain)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, targets=idx, cache=mixed)
+    assert seen[1].dtype == torch.float32 and torch.equal(seen[1], seen[0])
+    assert mixed.h.dtype == torch.float32 and torch.equal(mixed.h, plain.h)
+    if arch == "lstm":
+        assert mixed.c.dtype == torch.float32 and torch.equal(mixed.c, plain.c)
+    assert logits.dtype == torch.bfloat16  # the head still takes autocast's speed-up
+    loss.backward()  # and trains: float32 gradients, finite
+    assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.rnn.parameters())

@@ -78,3 +78,45 @@ def test_the_rng_state_restores_every_generator_and_survives_a_weights_only_load
     devices.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     got = (random.random(), float(np.random.rand()), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989),  # the SXM part
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA H200 NVL", 835),
+        ("NVIDIA GH200 480GB", 989),
+        ("NVIDIA B200", 2250),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA A100 80GB PCIe", 312),
+        ("NVIDIA A10", 125),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L40", 181),
+        ("NVIDIA L4", 121),
+        ("NVIDIA GeForce RTX 4090", 165),
+        ("Tesla V100-PCIE-32GB", 112),
+        ("Tesla V100-SXM2-16GB", 125),
+        ("Tesla T4", 65),
+    ],
+)
+def test_peak_flops_reads_the_most_specific_gpu_name(pretend_gpu, monkeypatch, name, tflops):
+    """Dense bf16 peaks (fp16 where the GPU has no bf16), the most specific name first: an H100
+    PCIe or NVL is not an SXM, an L40 not an L4, a V100 PCIe not an SXM2."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert devices.peak_flops(torch.device("cuda")) == tflops * 1e12
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA A10G", "NVIDIA RTX PRO 6000 Blackwell", "AMD Instinct MI300X", "NVIDIA H20", "NVIDIA H100 80GB HBM3 MIG 1g.10gb"],
+)
+def test_an_unknown_gpu_reports_no_mfu_unless_its_peak_is_given(pretend_gpu, monkeypatch, name):
+    """A name the table does not hold (nor a longer name that merely contains a known one, nor a
+    MIG slice of a known GPU) gives None, so training logs no MFU rather than a wrong one;
+    train.peak_flops supplies it."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert devices.peak_flops(torch.device("cuda")) is None
+    assert devices.peak_flops(torch.device("cuda"), override=70e12) == 70e12

@@ -36,11 +36,13 @@ def evaluate(s: EvalConfig) -> dict:
     from gpt.evals.perplexity import evaluate_tokens
     from gpt.runtime import devices
 
-    rt = devices.setup(s.device, "auto", False, threads=s.threads)
+    # The forward passes run under the runtime's autocast, as training's evals do (bf16 on GPUs
+    # that have it; dtype=float32 to score in full precision).
+    rt = devices.setup(s.device, s.dtype, False, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     tokenizer = loaded.tokenizer()
     if s.task is not None:
-        return _task(s, loaded, tokenizer, rt.device)
+        return _task(s, loaded, tokenizer, rt)
     if s.text_file:
         path = Path(s.text_file).expanduser()
         if not path.is_file():
@@ -48,7 +50,8 @@ def evaluate(s: EvalConfig) -> dict:
         tokens, source = np.array(tokenizer.encode(read_text(path, "text_file")), dtype=np.int64), str(path)
     else:
         tokens, source = _split_tokens(s, loaded)
-    r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
+    with rt.autocast():
+        r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
     print(
         f"{loaded.source} on {source}: {r['tokens']:,} tokens scored ({r['bytes']:,} bytes, stride {r['stride']}): loss {r['loss']:.4f}, "
         f"perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
@@ -56,11 +59,12 @@ def evaluate(s: EvalConfig) -> dict:
     return r
 
 
-def _task(s: EvalConfig, loaded, tokenizer, device) -> dict:
+def _task(s: EvalConfig, loaded, tokenizer, rt) -> dict:
     from gpt.evals.tasks import evaluate_task, examples
 
     items = examples(s.task, s.paths.data_root())
-    r = evaluate_task(loaded.model.to(device), tokenizer, s.task.name, items, device, s.batch_size)
+    with rt.autocast():
+        r = evaluate_task(loaded.model.to(rt.device), tokenizer, s.task.name, items, rt.device, s.batch_size)
     shown = ", ".join(f"{k} {v:.4f}" for k, v in r.items() if k not in ("task", "items"))
     print(f"{loaded.source} on {s.task.name} ({r['items']:,} items): {shown}")
     return r

@@ -105,7 +105,9 @@ def sample(
         for p in prompts:
             tokenizer.encode(p)
     if rt.compile:
-        model.compile()  # in place, so the decoder's forward calls run compiled
+        from gpt.generation import compile_for_generation
+
+        compile_for_generation(model)  # in place, so the decoder's forward calls run compiled
     ckpt = loaded.checkpoint
     where = f"step {ckpt.step}, val loss {ckpt.best_val_loss:.4f}" if ckpt else "pretrained"
     _say(status, f"sampling from {loaded.source} ({where}; {rt.describe()})")

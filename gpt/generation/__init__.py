@@ -20,26 +20,29 @@ the window. Recurrent models carry a fixed-size state and have no such limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
 
 from gpt.config import SamplingSettings
 from gpt.generation.decoder import Decoder
-from gpt.generation.sampling import filter_logits, keep_typical, next_tokens, penalize_repeats
+from gpt.generation.sampling import draw, filter_logits, keep_typical, next_tokens, not_finite, penalize_repeats
 from gpt.generation.text import TextStream, decode_safe, encode_prompt, stop_ids
 from gpt.model import GPT
 
 __all__ = [
     "Decoder",
     "TextStream",
+    "compile_for_generation",
     "decode_safe",
+    "draw",
     "encode_prompt",
     "filter_logits",
     "generate",
     "keep_typical",
     "next_tokens",
+    "not_finite",
     "penalize_repeats",
     "stop_ids",
     "stream",
@@ -62,19 +65,45 @@ def _generate_rows(
 
     was_training = model.training
     model.eval()
+    every = read_every(decoder.device)
     try:
-        for _ in range(cfg.max_new_tokens):
-            next_ids = decoder.step(vocab_limit=tokenizer.vocab_size).tolist()
-            for r, (row, tok) in enumerate(zip(rows, next_ids)):
-                if not row.done and (piece := row.push(tok)):
-                    yield r, piece
-            if all(row.done for row in rows):
-                break
+        left = cfg.max_new_tokens
+        while left > 0:
+            chunk = decoder.steps(min(every, left), vocab_limit=tokenizer.vocab_size)
+            left -= len(chunk)
+            for next_ids, finite in chunk:
+                if not finite:
+                    raise not_finite()
+                for r, (row, tok) in enumerate(zip(rows, next_ids)):
+                    if not row.done and (piece := row.push(tok)):
+                        yield r, piece
+                if all(row.done for row in rows):  # the steps after this one are not used
+                    left = 0
+                    break
         for r, row in enumerate(rows):  # flush what was held back, now that nothing follows
             if not row.done and (piece := row.flush()):
                 yield r, piece
     finally:
         model.train(was_training)
+
+
+def compile_for_generation(model, backend: str | Callable = "inductor") -> None:
+    """torch.compile the model's forward in place, for decoding (sample.py's compile=true). The
+    compiled forward is traced once for a prompt and once for the one-token steps after it (and
+    once for a window re-encoded past the context), not once per token: the KV cache's length,
+    a Python int that changes every step, is symbolic (dynamic=True) rather than a value the
+    compiled graph is guarded on, and the decoder hands the model fresh input tensors, whose
+    strides do not change from step to step (see decoder._fresh)."""
+    model.compile(dynamic=True, backend=backend)
+
+
+def read_every(device: torch.device) -> int:
+    """Decoding steps between two reads of the sampled tokens (and of the finite check) back to
+    the host. Each read makes the host wait until the device has caught up, so that it queues
+    nothing meanwhile; on a GPU, reading every 8 steps keeps it queueing ahead (the cost: text
+    arrives 8 tokens at a time, and up to 7 steps decode past the end of the last row to end).
+    A CPU has nothing to wait for: every step."""
+    return 1 if device.type == "cpu" else 8
 
 
 @torch.no_grad()

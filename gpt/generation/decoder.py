@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from gpt.config import SamplingSettings
-from gpt.generation.sampling import next_tokens
+from gpt.generation.sampling import next_tokens, not_finite
 from gpt.model import GPT
 from gpt.model.cache import KVCache
 from gpt.model.rnn import RNNState
@@ -28,7 +28,8 @@ class Decoder:
         self.device = next(model.parameters()).device
         lengths = [len(p) for p in prompts]
         width = max(lengths)
-        self.pad = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
+        self.pad_list = [width - n for n in lengths]  # also kept on the host: reading it back would wait for the device
+        self.pad = torch.tensor(self.pad_list, dtype=torch.long, device=self.device)
         rows = [[0] * (width - len(p)) + list(p) for p in prompts]
         self.tokens = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, columns so far)
         self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
@@ -48,15 +49,16 @@ class Decoder:
         cache = self.cache
         if cache is not None and width - self.offset <= cache.max_len:
             # Only the columns the cache has not seen yet (after the first step: one).
-            logits, _ = self.model(self.tokens[:, self.offset + cache.length :], cache=cache, last_only=True)
+            logits, _ = self.model(_fresh(self.tokens[:, self.offset + cache.length :]), cache=cache, last_only=True)
         else:
             # Encode a window from scratch: everything, or once the longest row outgrows the
             # context, its last block_size tokens (shorter rows keep their padding in front).
             self.offset = max(0, width - self.block_size)  # the longest row has no padding
-            window = self.tokens[:, self.offset :]
+            window = _fresh(self.tokens[:, self.offset :])
             pad = (self.pad - self.offset).clamp(min=0)
             # The longest row fills the context at block_size + its padding columns.
-            self.cache = KVCache(self.model.config.n_layer, self.block_size + int(pad.min()), pad)
+            least = min(max(0, p - self.offset) for p in self.pad_list)
+            self.cache = KVCache(self.model.config.n_layer, self.block_size + least, pad)
             logits, _ = self.model(window, cache=self.cache, last_only=True)
         return logits[:, -1, :].float()
 
@@ -78,12 +80,12 @@ class Decoder:
         limit. Each prompt is read on its own (padding would flow into the state), then the
         rows step together. Without `kv_cache` every step re-reads each row from the start."""
         if self.cfg.kv_cache and self.cache is not None:
-            logits, _ = self.model(self.tokens[:, -1:], cache=self.cache, last_only=True)
+            logits, _ = self.model(_fresh(self.tokens[:, -1:]), cache=self.cache, last_only=True)
             return logits[:, -1, :].float()
         states, last = [], []
         for b in range(self.tokens.size(0)):
             state = RNNState()
-            logits, _ = self.model(self.tokens[b : b + 1, int(self.pad[b]) :], cache=state, last_only=True)
+            logits, _ = self.model(self.tokens[b : b + 1, self.pad_list[b] :], cache=state, last_only=True)
             states.append(state)
             last.append(logits[:, -1, :])
         self.cache = RNNState.stack(states)
@@ -91,12 +93,45 @@ class Decoder:
 
     @torch.no_grad()
     def step(self, vocab_limit: int | None = None) -> torch.Tensor:
-        """Choose and append the next token of every row; returns them, shape (B,)."""
+        """Choose and append the next token of every row; returns them, shape (B,), on the
+        device. Raises TinyGPTError when the model's outputs are not finite, which waits for the
+        device to read that back; `steps` reads many steps at once."""
+        next_ids, finite = self._advance(vocab_limit)
+        if finite is not None and not bool(finite.all()):
+            raise not_finite()
+        return next_ids
+
+    @torch.no_grad()
+    def steps(self, n: int, vocab_limit: int | None = None) -> list[tuple[list[int], bool]]:
+        """Choose and append the next n tokens of every row; for each step, (its token of each
+        row, whether the model's outputs were finite), read back to the host in one transfer
+        after the n steps: until then the host queues work without waiting for the device. The
+        caller raises `not_finite()` for a step it uses whose outputs were not finite."""
+        ids, finite = [], []
+        for _ in range(n):
+            next_ids, ok = self._advance(vocab_limit)
+            ids.append(next_ids)
+            finite.append(ok.all() if ok is not None else torch.ones((), dtype=torch.bool, device=self.device))
+        table = torch.cat([torch.stack(ids), torch.stack(finite)[:, None].long()], dim=1).tolist()
+        return [(row[:-1], bool(row[-1])) for row in table]
+
+    def _advance(self, vocab_limit: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step, all on the device: the next tokens (B,), and whether each row's
+        probabilities were finite (B,) bool (None when decoding greedily: no probabilities)."""
         logits = self._next_logits()
         if vocab_limit is not None and vocab_limit < logits.size(-1):
             # A model may have more output ids than its tokenizer (padded vocab): never pick those.
             logits[:, vocab_limit:] = float("-inf")
-        next_ids = next_tokens(logits, self.cfg, self.seen, self.generators)
+        checks: list[torch.Tensor] = []
+        next_ids = next_tokens(logits, self.cfg, self.seen, self.generators, checks=checks)
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
         self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
-        return next_ids
+        return next_ids, (checks[0] if checks else None)
+
+
+def _fresh(columns: torch.Tensor) -> torch.Tensor:
+    """A copy of some columns of the growing token table, with the strides of a new tensor. The
+    slice itself has a row stride that grows every step (even when a single row makes it count
+    as contiguous), and a compiled model guards on its inputs' strides: it would recompile for
+    every token until it gave up and ran eagerly."""
+    return columns.clone(memory_format=torch.contiguous_format)

@@ -58,11 +58,18 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor | None, penalty: f
     return torch.where(seen, scaled, logits)
 
 
-def next_tokens(logits: torch.Tensor, cfg: SamplingSettings, seen: torch.Tensor | None, generators) -> torch.Tensor:
+def next_tokens(
+    logits: torch.Tensor, cfg: SamplingSettings, seen: torch.Tensor | None, generators, checks: list | None = None
+) -> torch.Tensor:
     """The next token of each row under `cfg`'s controls (every control is applied here): the
     repetition penalty, then greedy at temperature 0, else temperature, top-k / top-p / min-p,
     and a draw from each row's own generator. logits: (B, V); seen: (B, V) bool, the tokens in
-    each row's text (None without a repetition penalty). Shape (B,)."""
+    each row's text (None without a repetition penalty). Shape (B,).
+
+    Sampling raises TinyGPTError when the probabilities are not finite (a diverged model), which
+    makes the host wait for the device to read that flag. Given a list `checks`, it appends the
+    flag instead, a (B,) bool tensor on the device (row b's probabilities were finite), for the
+    caller to read when it next reads the tokens and raise with `not_finite()`."""
     logits = penalize_repeats(logits, seen, cfg.repetition_penalty)
     if cfg.temperature == 0:
         return logits.argmax(dim=-1)
@@ -70,9 +77,30 @@ def next_tokens(logits: torch.Tensor, cfg: SamplingSettings, seen: torch.Tensor 
     if cfg.typical_p is not None and cfg.typical_p < 1.0:
         logits = keep_typical(logits, cfg.typical_p)
     probs = F.softmax(logits, dim=-1)
-    if not bool(torch.isfinite(probs).all()):  # NaN/inf probabilities: the outputs were not finite
-        raise TinyGPTError(
-            "the model's outputs are not finite numbers (its weights hold NaN or inf: a diverged run); "
-            "sample from an earlier checkpoint (ckpt=<run>/checkpoints/ckpt-<step>.pt)"
-        )
-    return torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)])
+    finite = torch.isfinite(probs).all(dim=-1)  # NaN/inf probabilities: the outputs were not finite
+    if checks is not None:
+        checks.append(finite)
+    elif not bool(finite.all()):
+        raise not_finite()
+    return draw(probs, generators)
+
+
+def draw(probs: torch.Tensor, generators) -> torch.Tensor:
+    """One token per row of probs (B, V), row b drawn with generators[b]: the token
+    torch.multinomial(probs[b], 1, generator=generators[b]) would draw, and the same use of the
+    generator, since ATen draws one sample as argmax(p / q) with q ~ Exp(1) (the exponential
+    race, a form of the Gumbel-max trick). Only the noise is drawn row by row, each row from its
+    own seeded stream (so a row's text does not depend on the rows batched with it); the rest is
+    one batched op, and nothing waits for the device (multinomial reads two checks of its input
+    back to the host, for each row)."""
+    noise = torch.empty_like(probs)
+    for row, generator in zip(noise, generators):
+        row.exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def not_finite() -> TinyGPTError:
+    return TinyGPTError(
+        "the model's outputs are not finite numbers (its weights hold NaN or inf: a diverged run); "
+        "sample from an earlier checkpoint (ckpt=<run>/checkpoints/ckpt-<step>.pt)"
+    )

@@ -117,11 +117,17 @@ class RecurrentLM(nn.Module):
         x = self.drop(self.embedding(idx))
         initial = None
         if cache is not None and cache.h is not None:
-            initial = (cache.h, cache.c) if self.config.arch == "lstm" else cache.h
-        if self.config.impl == "fused":
-            out, final = self.rnn(x, initial)
-        else:
-            out, final = self._explicit(x, initial)
+            initial = (cache.h.float(), cache.c.float()) if self.config.arch == "lstm" else cache.h.float()
+        # The recurrence runs in float32 whatever the autocast: autocast sends cuDNN's fused RNNs
+        # to fp16 even under bf16 autocast (aten/src/ATen/cudnn/AutocastRNN.cpp hard-codes kHalf),
+        # with no GradScaler to keep small gradients from underflowing, and it would run the
+        # explicit steps' matmuls in bf16; either way the rounding compounds over every time step.
+        # It is a small share of the work; the LM head below still runs in the autocast dtype.
+        with torch.autocast(x.device.type, enabled=False):
+            if self.config.impl == "fused":
+                out, final = self.rnn(x.float(), initial)
+            else:
+                out, final = self._explicit(x.float(), initial)
         if cache is not None:
             cache.h, cache.c = final if self.config.arch == "lstm" else (final, None)
         if last_only:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,30 +156,61 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
 
 
-# Dense bf16/fp16 tensor-core peaks (FLOP/s) from vendor datasheets, for the MFU estimate.
-# Matched by substring of torch.cuda.get_device_name(); override with train.peak_flops.
+# Dense (not 2:4-sparse) bf16 tensor-core peaks in FLOP/s, for the MFU estimate; fp16 for GPUs
+# without bf16 (V100, T4), which train in fp16 (pick_dtype). From NVIDIA's datasheets, whose
+# tables show the sparse figure, twice the dense one ("* with sparsity"): H100 (SXM 1,979 /
+# PCIe 1,513 / NVL 1,671), H200 (SXM 1,979 / NVL 1,671), GH200 (1,979), HGX B200 (4.5 PF),
+# GB200 NVL72 (360 PF / 72 GPUs), A100 (624), A30 (330), A40 (299.4), A10 (250), L40S (733),
+# L40 (362.1), L4 (242); from the architecture whitepapers for the GeForce cards (Ada: RTX 4090,
+# 330.3 sparse, bf16 with fp32 accumulate; GA102: RTX 3090, 142 sparse); V100 (SXM2 125,
+# PCIe 112, V100S 130) and T4 (65) fp16, dense. Not listed, so no MFU unless train.peak_flops
+# is given: the A10G (AWS's variant of the A10, with no NVIDIA datasheet: third parties quote
+# 62.5 to 70 TFLOP/s, against the A10's 125) and any GPU this table does not know.
+#
+# Matched against torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe",
+# "NVIDIA A100-SXM4-80GB", "Tesla V100-PCIE-32GB") as whole words, ignoring case, first match
+# wins: a variant comes before its family ("H100 PCIe" before "H100", which is the SXM/HBM3
+# part), and "L4" does not match "L40S", nor "A10" "A10G" or "A100", nor "H200" "GH200".
 PEAK_FLOPS = {
+    "GB200": 2500e12,
+    "B200": 2250e12,
+    "GH200": 989e12,
+    "H200 NVL": 835e12,
     "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
     "H100": 989e12,
     "A100": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
+    "A30": 165e12,
+    "A40": 149.7e12,
     "A10": 125e12,
+    "L40S": 362e12,
+    "L40": 181e12,
+    "L4": 121e12,
     "RTX 4090": 165e12,
     "RTX 3090": 71e12,
+    "V100S": 130e12,
+    "V100-PCIE": 112e12,
     "V100": 125e12,
     "T4": 65e12,
 }
 
 
 def peak_flops(device: torch.device, override: float | None = None) -> float | None:
-    """Peak FLOP/s of the accelerator, or None when unknown (then no MFU is reported)."""
+    """Peak FLOP/s of the accelerator: `override` (train.peak_flops) when given, else the
+    PEAK_FLOPS entry matching the GPU's name; None when unknown (then no MFU is reported)."""
     if override:
         return float(override)
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    return lookup_peak_flops(torch.cuda.get_device_name(device))
+
+
+def lookup_peak_flops(name: str) -> float | None:
+    """The PEAK_FLOPS entry for a GPU's name (see above), or None."""
+    if re.search(r"\bMIG\b", name):  # a MIG slice ("... MIG 1g.10gb") has a share of the GPU's SMs, not its peak
+        return None
     for key, value in PEAK_FLOPS.items():
-        if key in name:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name, re.IGNORECASE):
             return value
     return None

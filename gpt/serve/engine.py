@@ -88,7 +88,8 @@ class Engine:
 
     max_batch: rows decoded together (a job larger than that runs alone). max_queue: jobs that
     may wait for a slot; `submit` refuses more (the web layer answers 503). autocast: the
-    runtime's compute-dtype context. observe: called after each step, e.g. gpt.runtime.threads'
+    runtime's compute-dtype context (a factory: entered in the engine's thread, once for as
+    long as it has work). observe: called after each step, e.g. gpt.runtime.threads'
     Threads.observe (a no-op unless threads=auto, where CPU threads follow the free cores, as
     in training); a notice it returns is logged."""
 
@@ -145,28 +146,45 @@ class Engine:
     # --- the engine's thread -------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._slots and not self._long and not self._pending and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-            try:
-                with torch.no_grad(), self.autocast():
-                    self._step()
-            except Exception:
-                # Not the client's doing: the server log gets the traceback, each client one line.
-                logger.exception("generation failed; the jobs in the batch are ended with an error")
-                jobs = {id(s.job): s.job for s in self._slots + self._long + self._joining}
-                for job in jobs.values():
-                    self.stats["failed"] += 1
-                    _emit(job, [("error", "the server failed while generating; see its log")])
-                self._slots, self._long, self._joining, self._cache = [], [], [], None
-            if self.observe is not None and time.monotonic() - self._observed > 1.0:  # it reads /proc: not every step
-                self._observed = time.monotonic()
-                notice = self.observe()
-                if notice:
-                    logger.warning(notice)
+        while self._wait_for_work():
+            # One autocast region for as long as there is work, not one per step: autocast keeps
+            # its low-precision casts of the fp32 weights only while a region is open (and only of
+            # weights that require grad, as a loaded model's do), so a region per step would cast
+            # every weight again for every token. Closed when idle, so no copies are held then.
+            with torch.no_grad(), self.autocast():
+                while True:
+                    self._guarded_step()
+                    if self.observe is not None and time.monotonic() - self._observed > 1.0:  # it reads /proc: not every step
+                        self._observed = time.monotonic()
+                        notice = self.observe()
+                        if notice:
+                            logger.warning(notice)
+                    with self._wake:
+                        if self._stopping or not self._busy():
+                            break
+
+    def _busy(self) -> bool:
+        """Rows to decode or jobs waiting (call with self._wake held)."""
+        return bool(self._slots or self._long or self._pending)
+
+    def _wait_for_work(self) -> bool:
+        """Sleep until there is work (True) or the engine is closing (False)."""
+        with self._wake:
+            while not self._busy() and not self._stopping:
+                self._wake.wait()
+            return not self._stopping
+
+    def _guarded_step(self) -> None:
+        try:
+            self._step()
+        except Exception:
+            # Not the client's doing: the server log gets the traceback, each client one line.
+            logger.exception("generation failed; the jobs in the batch are ended with an error")
+            jobs = {id(s.job): s.job for s in self._slots + self._long + self._joining}
+            for job in jobs.values():
+                self.stats["failed"] += 1
+                _emit(job, [("error", "the server failed while generating; see its log")])
+            self._slots, self._long, self._joining, self._cache = [], [], [], None
 
     def _step(self) -> None:
         self._drop([s for s in self._slots + self._long if s.job.cancelled.is_set()], cancelled=True)

@@ -3,7 +3,10 @@ Run: pytest tests/apps/test_eval.py"""
 
 from __future__ import annotations
 
+import json
 import math
+
+import torch
 
 from helpers import assert_one_line_error, run_script
 
@@ -96,3 +99,35 @@ def test_eval_reads_data_settings_recorded_by_another_version(tmp_path, trained_
     assert proc.returncode == 0, proc.stderr
     assert "shakespeare_char val: 2,000 tokens" in proc.stdout
     assert "records data.old_setting, unknown to this tinygpt: ignored" in proc.stderr
+
+
+def test_eval_runs_its_forward_passes_under_the_runtime_autocast(tmp_path, trained_run, monkeypatch, capsys):
+    """dtype=bfloat16 (what dtype=auto picks on a GPU with bf16): every forward pass of the
+    perplexity and of a zero-shot task runs under bf16 autocast, as training's evals do;
+    dtype=float32 runs none. Shown on the CPU, whose autocast the same code enters."""
+    from gpt.apps import eval as eval_app
+    from gpt.model import GPT
+
+    _, run_dir, _ = trained_run
+    seen = []  # the autocast dtype each forward pass ran under (None: none)
+    real = GPT.forward
+
+    def forward(self, *args, **kw):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    text = tmp_path / "eval.txt"
+    text.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n" * 5)
+    items = tmp_path / "arc.jsonl"
+    question = {"id": "1", "question": "Which is a bird?", "choices": {"text": ["crow", "stone"], "label": ["A", "B"]}}
+    items.write_text(json.dumps({**question, "answerKey": "A"}) + "\n")
+    losses = {}
+    for dtype, expected in (("bfloat16", torch.bfloat16), ("float32", None)):
+        seen.clear()
+        common = [f"run_dir={run_dir}", "device=cpu", f"dtype={dtype}", "threads=1"]
+        eval_app.main([*common, f"text_file={text}"])
+        eval_app.main([*common, "task=arc_easy", f"task.path={items}"])
+        assert len(seen) >= 2 and set(seen) == {expected}, (dtype, seen)
+        losses[dtype] = float(capsys.readouterr().out.split("loss ")[1].split(",")[0])
+    assert losses["bfloat16"] != losses["float32"] and abs(losses["bfloat16"] - losses["float32"]) < 0.05 * losses["float32"]

@@ -126,3 +126,38 @@ def test_escapes_typed_in_a_shell_are_the_characters_they_name():
     from gpt.apps.sample import unescape
 
     assert [unescape(s) for s in ("\\n\\n", "a\\tb", "C:\\\\new", "\\q")] == ["\n\n", "a\tb", "C:\\new", "\\q"]
+
+
+def test_sample_compile_true_traces_a_few_graphs_and_writes_what_eager_writes(trained_run, monkeypatch, capsys):
+    """compile=true compiles the model once for the whole generation (a counting backend stands
+    in for inductor): a few graphs, not one per token, and the same greedy text."""
+    import torch
+
+    import gpt.generation as generation
+    from gpt.apps import sample as sample_app
+
+    _, run_dir, _ = trained_run
+    graphs = []
+    real = generation.compile_for_generation
+    monkeypatch.setattr(
+        generation, "compile_for_generation", lambda model: real(model, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+    )
+    common = [
+        f"run_dir={run_dir}",
+        "prompt=ROMEO:",
+        "temperature=0",
+        "num_samples=2",
+        "max_new_tokens=30",
+        "device=cpu",
+        "threads=1",
+    ]
+    torch.compiler.reset()
+    try:
+        sample_app.main([*common, "compile=false"])
+        eager = capsys.readouterr().out
+        sample_app.main([*common, "compile=true"])
+        compiled = capsys.readouterr().out
+    finally:
+        torch.compiler.reset()
+    assert compiled == eager and eager.count("ROMEO:") == 2
+    assert 1 <= len(graphs) <= 4, len(graphs)

@@ -4,6 +4,7 @@ controls), and a cancelled job leaves the batch. Run: pytest tests/serve/test_en
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -143,3 +144,40 @@ def test_controls_that_overflow_the_logits_do_not_fail_the_batch():
     torch.manual_seed(0)
     expected = int(torch.multinomial(torch.softmax(logits[1] / 0.9, -1), 1, generator=torch.Generator().manual_seed(0)))
     assert picks[1] == expected
+
+
+def test_weights_are_cast_once_while_the_engine_is_busy_not_at_every_step():
+    """Under bf16 autocast each fp32 weight is cast to bf16 once while the engine has work, not
+    once per decoded token (autocast keeps its casts only while its region is open), and the
+    text is what gpt.generation gives under the same autocast."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, tok = _model(), CharTokenizer(list(ALPHABET))
+    weights = {p.data_ptr() for p in model.parameters()}
+    casts: dict[int, int] = {}  # weight -> bf16 copies made of it
+
+    class CountWeightCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+                if args[0].data_ptr() in weights:
+                    casts[args[0].data_ptr()] = casts.get(args[0].data_ptr(), 0) + 1
+            return func(*args, **kwargs)
+
+    def autocast():  # what the engine enters, in its own thread (dispatch modes are per thread too)
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+        stack.enter_context(CountWeightCasts())
+        return stack
+
+    engine = Engine(model, tok, max_batch=4, autocast=autocast)
+    try:
+        job, got = _job(tok, ["ROMEO:", "KING:"], temperature=0.0, max_new_tokens=20)
+        assert engine.submit(job) and got.done.wait(30)
+    finally:
+        engine.close()
+    assert engine.stats["steps"] == 20
+    assert casts and max(casts.values()) == 1, casts  # 20 steps, one cast of each weight
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = generate(model, tok, ["ROMEO:", "KING:"], SamplingSettings(max_new_tokens=20, temperature=0.0))
+    assert got.texts == [texts[0] for texts in want]
