@@ -1,0 +1,759 @@
+"""The first GPU run, measured in one go (benchmarks/device.sh runs this on the device machine):
+
+    python benchmarks/device.py --out DIR                        # the full run: at most 410 s of parts
+    python benchmarks/device.py --out DIR --device cpu --smoke   # the plumbing, tiny sizes (~40 s on 2 cores)
+
+(a) cuda tests: `python -m pytest -m cuda` (the tests that need a GPU).
+(b) training throughput of the 124M shape through the real training step (build_run ->
+    Trainer.step: forward, backward, clip, update, the non-finite guard) with
+    experiment=gpt2_124m's settings (bf16, micro-batch 16 x 1024), AdamW and Muon, compile on
+    and off, after warm-up steps; then experiment=speedrun_124m's block if time is left.
+    Tiny Shakespeare's characters stand in for FineWeb-Edu (speed does not depend on the text;
+    model.vocab_size=50257 keeps GPT-2's LM head). tokens/s, MFU against the peak in
+    gpt/runtime/devices.py, peak memory (torch.cuda.max_memory_allocated).
+(c) the baby GPT: `python train.py experiment=shakespeare_char device=cuda ...` until its first
+    eval with val <= 1.47 (read from the run's metrics.jsonl), then stopped (SIGTERM: a clean
+    stop); the step, the run's elapsed seconds at that eval, the wall time, peak memory.
+(d) generation tokens/s of the 124M shape (random weights, bf16 autocast, sample.py's sampling
+    defaults) at batch 1 and 8, with and without the KV cache; time to the first token; peak memory.
+(e) peak memory of each of the above, in one table.
+
+Every part runs in its own process with a time cap (CAPS), none past --budget seconds from the
+start, so one that fails, runs out of memory or hangs is recorded and the next one runs. The report is
+rewritten after each part: DIR/device_report.md (tables, every exact command) and
+DIR/device_report.json (every figure); the parts' output goes to DIR/device_log.txt. `--smoke`
+runs the same plumbing on tiny shapes for a couple of steps and skips what only a GPU makes
+worthwhile (compiling); tests/test_device_script.py runs it. The child modes
+(`python benchmarks/device.py child ...`) are the parts themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the device machine runs the checkout, uninstalled
+
+BABY_TARGET = 1.47  # nanoGPT's baby GPT reaches val ~1.47 on one A100 (its README's figure)
+GIB = 2**30
+
+# Each part's time cap in seconds (full run), within a 410 s budget: with device.sh's set-up,
+# the parent's start and the grace a stopped part gets, the whole stays under 8 minutes. The
+# parts run in order of importance: the CUDA tests, the compiled training steps (the first
+# compiles the 124M model cold; the second finds Inductor's caches warm), the baby GPT (stopped
+# at its target; it gets what is left but the generation's share), the generation, then the
+# eager training steps and the speedrun block as far as the time goes.
+CAPS = {"cuda_tests": 45, "compile_cold": 80, "compile_on": 55, "compile_off": 30, "baby_gpt": 160, "generation": 35}
+GRACE = {"timeout": 5, "baby_gpt": 15}  # seconds between SIGTERM and SIGKILL
+# The tiny shape of --smoke: every code path, seconds on a CPU.
+TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=2"]
+
+
+# --- the parent: runs each part in a child process, writes the report ----------------------------
+
+
+class Report:
+    def __init__(self, out: Path, mode: str, device: str, budget: float):
+        self.out, self.t0 = out, time.monotonic()
+        self.data = {
+            "mode": mode,
+            "device": device,
+            "budget_s": budget,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "env": environment(device),
+            "parts": {},
+        }
+        self.log = open(out / "device_log.txt", "a", encoding="utf-8")
+
+    def part(self, name: str, record: dict) -> None:
+        self.data["parts"][name] = record
+        self.data["seconds"] = round(time.monotonic() - self.t0, 1)
+        write_atomic(self.out / "device_report.json", json.dumps(self.data, indent=2, default=str))
+        write_atomic(self.out / "device_report.md", markdown(self.data))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def environment(device: str) -> dict:
+    """What ran: versions, the GPU, the peak used for MFU, how device.sh set up the packages."""
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    for name in ("torch", "hydra", "omegaconf", "datasets", "tiktoken", "numpy"):
+        try:
+            module = __import__(name)
+            env[name] = getattr(module, "__version__", "?")
+        except Exception as e:  # noqa: BLE001 (a missing package is a finding, not a crash)
+            env[name] = f"missing: {type(e).__name__}: {e}"
+    try:
+        import torch
+
+        from gpt.runtime import devices
+
+        env["cuda_available"] = torch.cuda.is_available()
+        env["torch_cuda"] = torch.version.cuda
+        if device == "cuda" and torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            env["gpu"] = props.name
+            env["gpu_memory_gib"] = round(props.total_memory / GIB, 1)
+            env["capability"] = f"{props.major}.{props.minor}"
+            env["peak_flops"] = devices.peak_flops(torch.device("cuda"))
+    except Exception as e:  # noqa: BLE001
+        env["torch_error"] = f"{type(e).__name__}: {e}"
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
+        env["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        env["nvidia_smi"] = f"unavailable: {e}"
+    setup = os.environ.get("DEVICE_SETUP")  # device.sh: what it installed, or why not
+    if setup:
+        env["setup"] = setup
+    return env
+
+
+def run_child(report: Report, label: str, argv: list[str], cap: float, watch=None, grace: float = GRACE["timeout"]) -> dict:
+    """Run one part in its own process group (compile workers included) for at most `cap`
+    seconds; its output goes to the log. `watch(proc)` is polled every 2 s and may return a
+    reason to stop the part early (SIGTERM, then SIGKILL after a grace). Returns rc, seconds, the
+    end of its output and whether it timed out or was stopped."""
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    report.log.write(f"\n===== {label}: {' '.join(argv)} (cap {cap:.0f} s)\n")
+    report.log.flush()
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out, stopped = False, None
+        while proc.poll() is None:
+            if time.monotonic() - t0 > cap:
+                timed_out = True
+                _end(proc, grace)
+                break
+            if watch is not None and stopped is None:
+                stopped = watch(proc)
+                if stopped:
+                    _end(proc, grace=GRACE["baby_gpt"])
+                    break
+            time.sleep(0.5 if watch is None else 2.0)
+        proc.wait()
+        _end_group(proc)
+        output.seek(0)
+        text = output.read()
+    report.log.write(text)
+    report.log.write(f"\n===== {label}: rc {proc.returncode}, {time.monotonic() - t0:.1f} s\n")
+    report.log.flush()
+    return {
+        "rc": proc.returncode,
+        "seconds": round(time.monotonic() - t0, 1),
+        "timed_out": timed_out,
+        "stopped": stopped,
+        "tail": text[-1500:],
+    }
+
+
+def _end(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the child's process group (a clean stop for training), SIGKILL after `grace`."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Whatever the child left running in its group (compile workers) goes with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def status_of(run: dict, result: dict | None) -> str:
+    if result is not None and result.get("status"):
+        return result["status"]
+    if run["timed_out"]:
+        return "timeout"
+    return "ok" if run["rc"] == 0 and result is not None else "failed"
+
+
+def child_argv(mode: str, *args: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "child", mode, *args]
+
+
+def part_cuda_tests(report: Report, smoke: bool, cap: float) -> None:
+    """`pytest -m cuda` over the test files that use the marker (collecting all ~900 tests would
+    spend the part's cap on imports); --continue-on-collection-errors: a module whose optional
+    package the image lacks (fastapi, selenium, ...) must not stop the others."""
+    files = sorted(
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "tests").rglob("test_*.py")
+        if "mark.cuda" in p.read_text(encoding="utf-8")
+    )
+    record = {"files": files, "marker_registered": cuda_marker_registered()}
+    if smoke and not files:  # the plumbing still runs: one quick file, nothing selected
+        files = ["tests/test_gpu_recipes.py"]
+    shown = " ".join(["python -m pytest -m cuda -q -rs --continue-on-collection-errors", *files])
+    record["command"] = shown
+    if not files:
+        record["status"] = "no test file uses the cuda marker: nothing to run"
+        report.part("cuda_tests", record)
+        return
+    run = run_child(report, "cuda tests", [sys.executable, *shown.split()[1:], "-p", "no:cacheprovider"], cap)
+    lines = [line for line in run["tail"].strip().splitlines() if line.strip()]
+    status = "timeout" if run["timed_out"] else {0: "ok", 5: "no tests selected"}.get(run["rc"], "failed")
+    if "Unknown marker" in run["tail"]:
+        status = "failed: the cuda marker is not registered in pyproject.toml"
+    record.update(
+        status=status, rc=run["rc"], seconds=run["seconds"], summary=lines[-1] if lines else "", tail=run["tail"][-800:]
+    )
+    report.part("cuda_tests", record)
+
+
+def cuda_marker_registered() -> bool | None:
+    """Whether pyproject.toml registers the `cuda` marker (with --strict-markers, `-m cuda` fails without it)."""
+    try:
+        import tomllib
+
+        markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    except (ImportError, OSError, KeyError, ValueError):
+        return None
+    return any(m.split(":")[0].strip() == "cuda" for m in markers)
+
+
+def throughput_configs(smoke: bool) -> list[dict]:
+    """(recipe, optimizer, compile) of each timed run and its turn: "compiled" runs right after
+    the CUDA tests, "eager" after the generation, "extra" (the speedrun block) last, only if
+    its whole cap is left."""
+    configs = [
+        {"recipe": "gpt2_124m", "optim": "adamw", "compile": "true", "turn": "compiled", "cap": "compile_cold"},
+        {"recipe": "gpt2_124m", "optim": "muon", "compile": "true", "turn": "compiled"},
+        {"recipe": "gpt2_124m", "optim": "adamw", "compile": "false", "turn": "eager"},
+        {"recipe": "gpt2_124m", "optim": "muon", "compile": "false", "turn": "eager"},
+        {"recipe": "speedrun_124m", "optim": "muon", "compile": "true", "turn": "extra"},
+    ]
+    if smoke:  # compiling on a CPU takes minutes: the smoke run checks the plumbing of the rest
+        for c in configs[:2]:
+            c["skip"] = "smoke: compile=true is left to the GPU run"
+        configs[-1]["compile"] = "false"
+    return configs
+
+
+def part_throughput(report: Report, args, deadline: float, turn: str) -> None:
+    key = "throughput"
+    record = report.data["parts"].get(key) or {
+        "status": "ok",
+        "runs": [],
+        "note": "character data standing in for FineWeb-Edu; model.vocab_size=50257 keeps GPT-2's LM head",
+    }
+    for c in throughput_configs(args.smoke):
+        if c["turn"] != turn:
+            continue
+        name = f"{c['recipe']} {c['optim']} compile={c['compile']}"
+        row = {"name": name, **{k: c[k] for k in ("recipe", "optim", "compile")}}
+        full = CAPS[c.get("cap", "compile_on" if c["compile"] == "true" else "compile_off")]
+        cap = min(full, deadline - time.monotonic())
+        if c.get("skip"):
+            row["status"] = "skipped: " + c["skip"]
+        elif cap < (full if turn == "extra" else 15):
+            row["status"] = "skipped: out of time"
+        else:
+            with tempfile.TemporaryDirectory(prefix="tinygpt-device-") as tmp:
+                result_file = Path(tmp) / "result.json"
+                shown = [
+                    *("--recipe", c["recipe"], "--optim", c["optim"], "--compile", c["compile"]),
+                    *("--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps)),
+                    *("--accum", str(args.accum), *(["--smoke"] if args.smoke else [])),
+                ]
+                argv = child_argv("throughput", *shown, "--result", str(result_file), "--runs-dir", tmp)
+                run = run_child(report, f"throughput {name}", argv, cap)
+                result = json.loads(result_file.read_text()) if result_file.exists() else None
+            row.update(result or {})
+            row["status"] = status_of(run, result)
+            row["command"] = " ".join(["python benchmarks/device.py child throughput", *shown])
+            row["seconds"] = run["seconds"]
+            if row["status"] == "timeout":
+                row["error"] = f"timed out after its {cap:.0f} s cap; the output ended: " + run["tail"][-500:]
+            elif row["status"] != "ok":
+                row["error"] = run["tail"][-600:]
+        record["runs"].append(row)
+        record["status"] = "ok" if any(r["status"] == "ok" for r in record["runs"]) else "failed"
+        report.part(key, record)
+
+
+def baby_overrides(device: str, smoke: bool, run_dir: Path) -> list[str]:
+    """nanoGPT's baby GPT as experiment=shakespeare_char has it, with cheaper evals: every 100
+    steps (to see the target's step closely) over 50 batches a split (~0.8M characters, seven
+    passes over the val split), no samples."""
+    out = [
+        "experiment=shakespeare_char",
+        f"device={device}",
+        "train.eval_interval=100",
+        "train.eval_iters=50",
+        "train.sample_tokens=0",
+        "train.eval_sample_tokens=0",
+    ]
+    if smoke:
+        out = [*out[:2], *TINY, "compile=false", "train.max_iters=4", "train.eval_interval=2", "train.eval_iters=2"]
+        out += ["train.log_interval=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    return [*out, f"hydra.run.dir={run_dir}"]
+
+
+def part_baby(report: Report, args, cap: float) -> None:
+    target = args.baby_target
+    with tempfile.TemporaryDirectory(prefix="tinygpt-baby-") as tmp:
+        run_dir, peak_file = Path(tmp) / "run", Path(tmp) / "peak.json"
+        overrides = baby_overrides(args.device, args.smoke, run_dir)
+        evals: list[dict] = []
+
+        def watch(_proc) -> str | None:
+            evals[:] = read_evals(run_dir / "metrics.jsonl")
+            return f"val {evals[-1]['val']:.4f} <= {target}" if evals and evals[-1]["val"] <= target else None
+
+        argv = child_argv("train", "--peak", str(peak_file), "--", *overrides)
+        run = run_child(report, "baby GPT", argv, cap, watch=watch, grace=GRACE["baby_gpt"])
+        evals[:] = read_evals(run_dir / "metrics.jsonl")
+        peak = json.loads(peak_file.read_text()) if peak_file.exists() else {}
+    reached = next((e for e in evals if e["val"] <= target), None)
+    shown = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    record = {
+        "command": "python train.py " + " ".join(shown),
+        "target": target,
+        "reached": reached is not None,
+        "reached_step": reached["step"] if reached else None,
+        "reached_elapsed_s": round(reached["elapsed_s"], 1) if reached else None,
+        "best_val": min((e["val"] for e in evals), default=None),
+        "last_step": evals[-1]["step"] if evals else None,
+        "evals": [{k: round(e[k], 4) if isinstance(e[k], float) else e[k] for k in ("step", "val", "elapsed_s")} for e in evals],
+        "wall_s": run["seconds"],
+        "rc": run["rc"],
+        "stopped": run["stopped"],
+        "peak_gib": peak.get("peak_gib"),
+    }
+    if reached:
+        record["status"] = "ok"
+    elif run["timed_out"]:
+        record["status"] = f"timeout: not <= {target} within the {cap:.0f} s cap"
+    elif run["rc"] == 0:
+        record["status"] = f"finished without reaching val <= {target}"
+    else:
+        record["status"] = "failed"
+    if record["status"] != "ok":
+        record["error"] = run["tail"][-800:]
+    report.part("baby_gpt", record)
+
+
+def read_evals(path: Path) -> list[dict]:
+    """The eval rows of a run's metrics.jsonl so far (a partly written last line is skipped)."""
+    rows = []
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("kind") == "eval":
+                rows.append(row)
+    except OSError:
+        pass
+    return rows
+
+
+def part_generation(report: Report, args, cap: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="tinygpt-gen-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        shown = ["--device", args.device, *(["--smoke"] if args.smoke else [])]
+        run = run_child(report, "generation", child_argv("generate", *shown, "--result", str(result_file)), cap)
+        result = json.loads(result_file.read_text()) if result_file.exists() else None
+    record = {**(result or {}), "command": " ".join(["python benchmarks/device.py child generate", *shown])}
+    record["status"] = status_of(run, result)
+    record["seconds"] = run["seconds"]
+    if record["status"] != "ok":
+        record["error"] = run["tail"][-800:]
+    report.part("generation", record)
+
+
+def part_peak_memory(report: Report) -> None:
+    """(e): every part's peak memory in one place."""
+    parts, rows = report.data["parts"], []
+    for r in parts.get("throughput", {}).get("runs", []):
+        rows.append({"part": f"(b) training {r['name']}", "peak_gib": r.get("peak_gib")})
+    rows.append({"part": "(c) baby GPT (whole run)", "peak_gib": parts.get("baby_gpt", {}).get("peak_gib")})
+    for r in parts.get("generation", {}).get("runs", []):
+        rows.append(
+            {
+                "part": f"(d) generation batch {r['batch']}, KV cache {'on' if r['kv_cache'] else 'off'}",
+                "peak_gib": r.get("peak_gib"),
+            }
+        )
+    measured = any(r["peak_gib"] is not None for r in rows)
+    report.part(
+        "peak_memory",
+        {
+            "status": "ok" if measured else "no figures",
+            "what": "torch.cuda.max_memory_allocated (CPU: the process's peak RSS)",
+            "rows": rows,
+        },
+    )
+
+
+def parent(args) -> None:
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out, "smoke" if args.smoke else "full", args.device, args.budget)
+    deadline = time.monotonic() + args.budget
+    scale = 1.0 if not args.smoke else 2.0  # a CPU's tiny runs mostly wait on imports
+    left = lambda: deadline - time.monotonic()  # noqa: E731
+
+    part_cuda_tests(report, args.smoke, min(CAPS["cuda_tests"] * scale, left()))
+    part_throughput(report, args, deadline, "compiled")
+    if left() > 20:
+        keep = CAPS["generation"] if left() > CAPS["generation"] + 60 else 0  # (d) still gets its turn
+        part_baby(report, args, min(CAPS["baby_gpt"] * scale, left() - keep))
+    else:
+        report.part("baby_gpt", {"status": "skipped: out of time", "command": ""})
+    if left() > 15:
+        part_generation(report, args, min(CAPS["generation"] * scale, left()))
+    else:
+        report.part("generation", {"status": "skipped: out of time", "command": "", "runs": []})
+    part_throughput(report, args, deadline, "eager")
+    part_throughput(report, args, deadline, "extra")
+    part_peak_memory(report)
+    report.log.close()
+    print(f"report: {out / 'device_report.md'} ({report.data['seconds']} s)")
+
+
+# --- the report as Markdown --------------------------------------------------------------------
+
+
+def _f(value, fmt: str = "{:,.0f}", none: str = "-") -> str:
+    return none if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip().replace("`", "'") if lines else ""
+
+
+def _headline(part: dict) -> str:
+    """A part's command and status, as the first line of its section."""
+    status = f"**{part.get('status', 'not run')}**"
+    return f"`{part['command']}`: {status}" if part.get("command") else status
+
+
+def markdown(d: dict) -> str:
+    env, parts = d["env"], d["parts"]
+    lines = [
+        "# tinygpt device report",
+        "",
+        f"{d['started']}; mode {d['mode']} on {d['device']}; {d.get('seconds', 0)} s of a {d['budget_s']:.0f} s budget.",
+        "",
+        "## Environment",
+        "",
+        *[f"- {k}: {v}" for k, v in env.items()],
+        "",
+    ]
+    a = parts.get("cuda_tests", {})
+    lines += ["## (a) CUDA tests", "", _headline(a), ""]
+    lines += [
+        f"Test files using the marker: {', '.join(a.get('files') or []) or 'none'}; marker registered in pyproject.toml: {a.get('marker_registered')}.",
+        "",
+    ]
+    if a.get("summary"):
+        lines += [f"    {a['summary']}", ""]
+    b = parts.get("throughput", {})
+    lines += ["## (b) Training throughput, the 124M shape", ""]
+    if b.get("note"):
+        lines += [f"{b['note']}.", ""]
+    lines += [
+        "| run | status | micro-batch x accum | ms/step | tokens/s | MFU | peak GiB | first step s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in b.get("runs", []):
+        shape = f"{r['batch_size']} x {r['block_size']} x {r['accum']}" if "batch_size" in r else "-"
+        mfu = _f(r.get("mfu"), "{:.1%}")
+        lines.append(
+            f"| {r['name']} | {r['status']} | {shape} | {_f(r.get('ms_per_step'), '{:.1f}')} | "
+            f"{_f(r.get('tokens_per_s'))} | {mfu} | {_f(r.get('peak_gib'), '{:.2f}')} | {_f(r.get('first_step_s'), '{:.1f}')} |"
+        )
+    lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in b.get("runs", []) if r.get("command")]
+    errors = [f"- {r['name']} ({r['status']}): `{_last_line(r['error'])}`" for r in b.get("runs", []) if r.get("error")]
+    if errors:
+        lines += ["", "The last line of each failed run's output (all of it in device_log.txt):", "", *errors]
+    c = parts.get("baby_gpt", {})
+    lines += [
+        "",
+        f"## (c) Baby GPT to val {c.get('target', BABY_TARGET)}",
+        "",
+        _headline(c),
+        "",
+    ]
+    if c.get("reached"):
+        ended = f"then stopped by this script ({c['stopped']})" if c.get("stopped") else "and ended by itself"
+        lines.append(
+            f"First eval with val <= {c['target']}: step {c['reached_step']}, {c['reached_elapsed_s']} s into the run "
+            f"(metrics.jsonl's elapsed_s: start-up and compile included); the process ran {c['wall_s']} s, {ended}."
+        )
+    elif "wall_s" in c:
+        lines.append(
+            f"Best val {_f(c.get('best_val'), '{:.4f}')} by step {_f(c.get('last_step'), '{}')}; process {c.get('wall_s', '-')} s."
+        )
+    if "wall_s" in c:
+        lines += ["", f"Peak memory: {_f(c.get('peak_gib'), '{:.2f}')} GiB.", ""]
+    if c.get("evals"):
+        lines += ["| step | val | elapsed s |", "|---|---|---|"] + [
+            f"| {e['step']} | {e['val']:.4f} | {_f(e.get('elapsed_s'), '{:.1f}')} |" for e in c["evals"]
+        ]
+    g = parts.get("generation", {})
+    lines += ["", "## (d) Generation", "", _headline(g), ""]
+    if g.get("shape"):
+        lines += [f"{g['shape']}.", ""]
+    lines += ["| batch | KV cache | tokens/s (all rows) | first token ms | peak GiB |", "|---|---|---|---|---|"]
+    for r in g.get("runs", []):
+        lines.append(
+            f"| {r['batch']} | {'on' if r['kv_cache'] else 'off'} | {_f(r.get('tokens_per_s'))} | "
+            f"{_f(r.get('first_token_ms'), '{:.1f}')} | {_f(r.get('peak_gib'), '{:.2f}')} |"
+        )
+    e = parts.get("peak_memory", {})
+    lines += [
+        "",
+        "## (e) Peak memory",
+        "",
+        f"{e.get('what', '')}: **{e.get('status', 'not run')}**",
+        "",
+        "| part | peak GiB |",
+        "|---|---|",
+    ]
+    lines += [f"| {r['part']} | {_f(r.get('peak_gib'), '{:.2f}')} |" for r in e.get("rows", [])]
+    failed = [(k, v) for k, v in parts.items() if str(v.get("status", "")).startswith(("failed", "timeout"))]
+    lines += ["", "## Failures", ""] + ([f"- {k}: {v['status']}" for k, v in failed] or ["none"])
+    return "\n".join(lines) + "\n"
+
+
+# --- the children: one part each ------------------------------------------------------------------
+
+
+def peak_gib(device) -> float:
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def child_throughput(a) -> None:
+    """Time `--steps` real training steps after `--warmup` ones (the first compiles)."""
+    import torch
+
+    from gpt.apps.common import compose
+    from gpt.training import Trainer, build_run
+
+    overrides = [
+        f"experiment={a.recipe}",
+        "data=shakespeare_char",
+        "model.vocab_size=50257",
+        f"optim={a.optim}",
+        f"compile={a.compile}",
+        f"device={a.device}",
+        f"train.grad_accum_steps={a.accum}",
+        "train.max_iters=1000",
+        "train.sample_tokens=0",
+        f"paths.output_dir={a.runs_dir or tempfile.mkdtemp(prefix='tinygpt-device-')}/run",
+    ]
+    if a.smoke:
+        overrides += [*TINY, "dtype=float32"]
+    trainer = Trainer(build_run(compose("config", overrides, "python benchmarks/device.py")))
+    run, dev = trainer.run, trainer.run.rt.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    trainer.step()
+    sync()
+    first = time.perf_counter() - t0
+    for _ in range(a.warmup - 1):
+        trainer.step()
+    sync()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        loss, _ = trainer.step()
+    loss.item()
+    sync()
+    dt = (time.perf_counter() - t0) / a.steps
+    tok_s = run.tokens_per_step / dt
+    peak = trainer.peak_flops
+    ts = run.cfg.train
+    result = {
+        "overrides": overrides,
+        "params": run.model.num_params(),
+        "flops_per_token": run.model.flops_per_token(),
+        "batch_size": ts.batch_size,
+        "block_size": run.model_config.block_size,
+        "accum": ts.grad_accum_steps,
+        "tokens_per_step": run.tokens_per_step,
+        "warmup_steps": a.warmup,
+        "timed_steps": a.steps,
+        "first_step_s": round(first, 2),
+        "ms_per_step": dt * 1000,
+        "tokens_per_s": tok_s,
+        "peak_flops": peak,
+        "mfu": run.model.flops_per_token() * tok_s / peak if peak else None,
+        "peak_gib": peak_gib(dev),
+        "loss": float(loss),
+        "runtime": run.rt.describe(),
+    }
+    if a.result:
+        Path(a.result).write_text(json.dumps(result))
+    print(json.dumps(result))
+
+
+def child_generate(a) -> None:
+    """Decode `new` tokens after a `prompt`-token prompt, batch 1 and 8, cache on and off."""
+    import torch
+
+    from gpt.apps.common import compose
+    from gpt.config import SamplingSettings
+    from gpt.generation import Decoder
+    from gpt.model import registry
+    from gpt.runtime import devices
+
+    overrides = ["experiment=gpt2_124m", *(TINY[:4] if a.smoke else [])]
+    rt = devices.setup(a.device, "float32" if a.smoke else "auto", False)
+    torch.manual_seed(0)
+    config = registry.with_vocab(compose("config", overrides).model, 50257)
+    model = registry.build(config).to(rt.device).eval()
+    prompt, new = (8, 8) if a.smoke else (128, 128)
+    sync = (lambda: torch.cuda.synchronize(rt.device)) if rt.device.type == "cuda" else (lambda: None)
+    runs = []
+    with torch.inference_mode(), rt.autocast():
+        for batch in (1, 8):
+            ids = torch.randint(0, 50257, (batch, prompt)).tolist()
+            for cache in (True, False):
+                settings = SamplingSettings(max_new_tokens=new, kv_cache=cache)  # sample.py's sampling defaults
+                warm = Decoder(model, ids, settings, seeds=list(range(batch)))
+                for _ in range(4):  # kernels, allocator
+                    warm.step()
+                del warm
+                sync()
+                if rt.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(rt.device)
+                decoder = Decoder(model, ids, settings, seeds=list(range(batch)))
+                t0 = time.perf_counter()
+                decoder.step()
+                sync()
+                first = time.perf_counter() - t0
+                for _ in range(new - 1):
+                    decoder.step()
+                sync()
+                total = time.perf_counter() - t0
+                runs.append(
+                    {
+                        "batch": batch,
+                        "kv_cache": cache,
+                        "tokens_per_s": batch * new / total,
+                        "first_token_ms": first * 1000,
+                        "seconds": total,
+                        "peak_gib": peak_gib(rt.device),
+                    }
+                )
+                print(json.dumps(runs[-1]), flush=True)
+    result = {
+        "shape": f"{registry.summary(config)}, {model.num_params():,} parameters (vocab {config.vocab_size}, "
+        f"{config.padded_vocab_size} rows), random weights; {rt.describe()}; a {prompt}-token prompt, {new} new "
+        f"tokens a row, temperature 0.8, top-k 200",
+        "prompt_tokens": prompt,
+        "new_tokens": new,
+        "runs": runs,
+    }
+    if a.result:
+        Path(a.result).write_text(json.dumps(result))
+
+
+def child_train(a) -> None:
+    """`python train.py <overrides>` in this process, and its peak memory at exit."""
+    import atexit
+
+    def write_peak() -> None:
+        import torch
+
+        dev = torch.device("cuda") if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
+        Path(a.peak).write_text(json.dumps({"peak_gib": peak_gib(dev), "device": str(dev)}))
+
+    atexit.register(write_peak)
+    sys.argv = ["train.py", *a.overrides]
+    from gpt.apps.train import main
+
+    main()
+
+
+def child(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="python benchmarks/device.py child")
+    sub = ap.add_subparsers(dest="mode", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--recipe", required=True)
+    t.add_argument("--optim", required=True)
+    t.add_argument("--compile", required=True)
+    t.add_argument("--device", default="cuda")
+    t.add_argument("--warmup", type=int, default=5)
+    t.add_argument("--steps", type=int, default=30)
+    t.add_argument("--accum", type=int, default=4)
+    t.add_argument("--result", default=None, help="also write the figures here (JSON)")
+    t.add_argument("--runs-dir", default=None, help="where the run's directory goes (default: a new temporary one)")
+    t.add_argument("--smoke", action="store_true")
+    g = sub.add_parser("generate")
+    g.add_argument("--device", default="cuda")
+    g.add_argument("--result", default=None, help="also write the figures here (JSON)")
+    g.add_argument("--smoke", action="store_true")
+    r = sub.add_parser("train")
+    r.add_argument("--peak", required=True)
+    r.add_argument("overrides", nargs="*")
+    a = ap.parse_args(argv)
+    {"throughput": child_throughput, "generate": child_generate, "train": child_train}[a.mode](a)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["child"]:
+        return child(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for device_report.md / .json and device_log.txt")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, a couple of steps: the plumbing")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for all parts (default 410; smoke 240)")
+    ap.add_argument("--warmup", type=int, default=None, help="training steps before timing (default 5; smoke 1)")
+    ap.add_argument("--steps", type=int, default=None, help="timed training steps (default 30; smoke 2)")
+    ap.add_argument("--accum", type=int, default=None, help="micro-batches a timed step (default 4; smoke 1)")
+    ap.add_argument("--baby-target", type=float, default=None, help=f"val loss for (c) (default {BABY_TARGET}; smoke 10)")
+    args = ap.parse_args()
+    full = {"budget": 410.0, "warmup": 5, "steps": 30, "accum": 4, "baby_target": BABY_TARGET}
+    smoke = {"budget": 240.0, "warmup": 1, "steps": 2, "accum": 1, "baby_target": 10.0}
+    for k, v in (smoke if args.smoke else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    parent(args)
+
+
+if __name__ == "__main__":
+    main()
