@@ -106,3 +106,28 @@ def test_every_trained_token_weighs_the_same_across_micro_batches():
     assert torch.allclose(result.loss, per_token.detach() / 12, atol=1e-6) and result.tokens == 12
     for a, b in zip(model.parameters(), by_hand.parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+def test_the_first_logged_speed_leaves_out_the_first_step(tmp_path, data_root, monkeypatch):
+    """The first step compiles (compile=true) and warms up: it is not in the first interval's
+    ms/step, tokens/s or MFU."""
+    import json
+    import time
+
+    from gpt.training import step as steps
+
+    root, data_overrides = data_root
+    real, calls = steps.train_step, []
+
+    def slow_first(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(2.0)  # what compiling a model costs the first step
+        return real(*a, **k)
+
+    monkeypatch.setattr(steps, "train_step", slow_first)
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "train.log_interval=5", "train.max_iters=10"]
+    train(compose(overrides, tmp_path))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if r["kind"] == "train")
+    assert first["step"] == 5 and first["ms_per_step"] < 400, first  # 2 s over 5 steps would be >= 400
