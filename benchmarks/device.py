@@ -700,9 +700,25 @@ def child_train(a) -> None:
         import torch
 
         dev = torch.device("cuda") if torch.cuda.is_available() and torch.cuda.is_initialized() else torch.device("cpu")
-        Path(a.peak).write_text(json.dumps({"peak_gib": peak_gib(dev), "device": str(dev)}))
+        tmp = Path(a.peak).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"peak_gib": peak_gib(dev), "device": str(dev)}))
+        os.replace(tmp, a.peak)  # whole or not at all: the run may be killed mid-write
 
     atexit.register(write_peak)
+
+    def keep_writing() -> None:  # a run the watcher stops may end before atexit runs: the last write stands
+        import time
+
+        while True:
+            time.sleep(1.0)
+            try:
+                write_peak()
+            except Exception:  # noqa: BLE001 - a figure of the report, never the run's failure
+                pass
+
+    import threading
+
+    threading.Thread(target=keep_writing, daemon=True).start()
     sys.argv = ["train.py", *a.overrides]
     from gpt.apps.train import main
 
