@@ -130,4 +130,5 @@ def test_eval_runs_its_forward_passes_under_the_runtime_autocast(tmp_path, train
         eval_app.main([*common, "task=arc_easy", f"task.path={items}"])
         assert len(seen) >= 2 and set(seen) == {expected}, (dtype, seen)
         losses[dtype] = float(capsys.readouterr().out.split("loss ")[1].split(",")[0])
-    assert losses["bfloat16"] != losses["float32"] and abs(losses["bfloat16"] - losses["float32"]) < 0.05 * losses["float32"]
+    # the same loss up to bf16's rounding (which the 4 printed decimals may or may not show)
+    assert abs(losses["bfloat16"] - losses["float32"]) < 0.05 * losses["float32"]
