@@ -314,3 +314,22 @@ def random_conversation(rng, words: list[str], most_words: int = 8) -> list[dict
 def template_ids(encoded) -> list[int]:
     """apply_chat_template's ids, whether it returns a list or a BatchEncoding (transformers 5)."""
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def weight_cast_counter(model, casts: dict[int, int]):
+    """A dispatch mode that counts, per weight of `model`, the bf16 copies made of it (autocast's
+    casts): entered in the thread whose casts it should see (dispatch modes are per thread)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    weights = {p.data_ptr() for p in model.parameters()}
+
+    class CountWeightCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+                if args[0].data_ptr() in weights:
+                    casts[args[0].data_ptr()] = casts.get(args[0].data_ptr(), 0) + 1
+            return func(*args, **kwargs)
+
+    return CountWeightCasts()

@@ -24,6 +24,7 @@ from gpt.generation import Decoder, draw, generate
 from gpt.model import GPT, GPTConfig
 from gpt.model.rnn import RecurrentLM, RNNConfig, RNNState
 from gpt.tokenizers import CharTokenizer
+from helpers import weight_cast_counter
 
 pytestmark = [
     pytest.mark.cuda,
@@ -196,26 +197,15 @@ def test_the_serving_engine_decodes_on_cuda_casting_each_weight_once():
     gpt.generation gives it under the same autocast, and casts each fp32 weight to bf16 once
     while it is busy, not once per token."""
     pytest.importorskip("fastapi")
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from gpt.serve.engine import Engine, Job
 
     model, tok = tiny_gpt(block_size=64), char_tokenizer()
-    weights = {p.data_ptr() for p in model.parameters()}
     casts: dict[int, int] = {}
-
-    class CountWeightCasts(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
-                if args[0].data_ptr() in weights:
-                    casts[args[0].data_ptr()] = casts.get(args[0].data_ptr(), 0) + 1
-            return func(*args, **kwargs)
 
     def autocast():
         stack = contextlib.ExitStack()
         stack.enter_context(bf16_autocast())
-        stack.enter_context(CountWeightCasts())
+        stack.enter_context(weight_cast_counter(model, casts))
         return stack
 
     texts, ended, finished = ["", ""], [], threading.Event()

@@ -119,9 +119,7 @@ def any_true(flag: bool, d: Dist, device: torch.device) -> bool:
     """True on every rank if it is true on any (so that all ranks take the same branch)."""
     if not d.enabled:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(max_tensor(torch.tensor([1.0 if flag else 0.0], device=device), d).item())
 
 
 def max_tensor(t: torch.Tensor, d: Dist) -> torch.Tensor:

@@ -257,8 +257,6 @@ class Trainer:
         tokens = self.tokens_in_interval
         if r.dist.enabled:  # ranks draw different conversations: their counts differ
             tokens = distributed.mean(torch.tensor(float(tokens), device=r.rt.device), r.dist).item() * r.dist.world_size
-        else:
-            tokens *= r.dist.world_size
         return tokens / max(seconds, 1e-9)
 
     def _histograms_at(self, step: int) -> bool:

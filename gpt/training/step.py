@@ -50,7 +50,7 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
             if trained == 0:  # nothing to learn from (a mean over no tokens is NaN): a zero gradient
                 loss = loss.nan_to_num(0.0)
             scaler.scale(loss * weights[i]).backward()
-        total += loss.detach() * (weights[i] if trained is not None else 1.0 / accum_steps)
+        total += loss.detach() * weights[i]
     scaler.unscale_(optimizer)  # clip and measure true gradients, not loss-scaled ones
     params = [p for group in optimizer.param_groups for p in group["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)

@@ -18,6 +18,7 @@ from gpt.generation import generate  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.serve.engine import Engine, Job  # noqa: E402
 from gpt.tokenizers import CharTokenizer  # noqa: E402
+from helpers import weight_cast_counter  # noqa: E402
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -150,24 +151,13 @@ def test_weights_are_cast_once_while_the_engine_is_busy_not_at_every_step():
     """Under bf16 autocast each fp32 weight is cast to bf16 once while the engine has work, not
     once per decoded token (autocast keeps its casts only while its region is open), and the
     text is what gpt.generation gives under the same autocast."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     model, tok = _model(), CharTokenizer(list(ALPHABET))
-    weights = {p.data_ptr() for p in model.parameters()}
     casts: dict[int, int] = {}  # weight -> bf16 copies made of it
-
-    class CountWeightCasts(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
-                if args[0].data_ptr() in weights:
-                    casts[args[0].data_ptr()] = casts.get(args[0].data_ptr(), 0) + 1
-            return func(*args, **kwargs)
 
     def autocast():  # what the engine enters, in its own thread (dispatch modes are per thread too)
         stack = contextlib.ExitStack()
         stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
-        stack.enter_context(CountWeightCasts())
+        stack.enter_context(weight_cast_counter(model, casts))
         return stack
 
     engine = Engine(model, tok, max_batch=4, autocast=autocast)
