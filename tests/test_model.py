@@ -312,6 +312,13 @@ def test_rmsnorm_is_its_formula_computed_in_float32():
     assert torch.allclose(norm(x), expected, atol=1e-6)
     half = norm(x.bfloat16())  # normalised in float32, then cast back before the gain
     assert half.dtype == torch.float32 and torch.allclose(half, expected, atol=0.05)
+    # torch's fused kernel computes it: its backward is the formula's too
+    x.requires_grad_(True)
+    upstream = torch.randn(3, 8)
+    got = torch.autograd.grad((norm(x) * upstream).sum(), (x, norm.weight))
+    formula = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    want = torch.autograd.grad((formula * upstream).sum(), (x, norm.weight))
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want, strict=True))
 
 
 def test_swiglu_and_relu2_are_their_formulas():

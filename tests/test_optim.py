@@ -177,7 +177,16 @@ def test_muon_step_matches_torch_muon():
 
 def test_ns_precision_follows_the_device(monkeypatch):
     s = MuonSettings()
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)  # AVX2 or plain AVX-512
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert ns_dtype_for(s, torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # Zen 4, Cooper Lake on
+    assert ns_dtype_for(s, torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # Sapphire Rapids on
+    assert ns_dtype_for(s, torch.device("cpu")) == torch.bfloat16
+    assert ns_dtype_for(s, torch.device("mps")) == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100/H200
     assert ns_dtype_for(s, torch.device("cuda")) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # T4: emulated bf16

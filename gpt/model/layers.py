@@ -23,8 +23,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # torch's fused kernel, not the formula spelled out: bitwise the same in float32, and its
+        # backward is one kernel instead of five (the quickstart's step: ~7% faster on a CPU)
+        h = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
