@@ -264,3 +264,29 @@ def test_ddp_on_gloo_with_compile_trains_like_one_eager_process(tmp_path, data_r
         losses[name] = [r["loss"] for r in rows if r["kind"] == "train"]
     assert len(losses["one"]) == len(losses["ddp"]) == 12
     assert max(abs(a - b) for a, b in zip(losses["one"], losses["ddp"])) <= 1e-4
+
+
+@pytest.mark.parametrize("first, then", [("false", "true"), ("true", "false")])
+def test_a_compiled_run_resumes_an_eager_checkpoint_and_the_reverse(tmp_path, data_root, monkeypatch, first, then):
+    """compile= may change between a run and its resume: the checkpoint holds the plain model's
+    keys either way (no `_orig_mod.` prefix), and the resumed run continues the uninterrupted
+    run's trajectory. torch.compile runs with a backend that executes dynamo's graphs eagerly, so
+    the floats are the same bit for bit; inductor's would agree within rounding
+    (test_compile_true_trains_the_default_model_like_eager)."""
+    from gpt.checkpoints import checkpoint, runs
+    from gpt.training import setup
+    from helpers import ENGINE_RUN, train_recording_losses
+
+    root, data_overrides = data_root
+    counting = CountingCompile()
+    monkeypatch.setattr(setup.torch, "compile", counting)
+    torch.compiler.reset()
+    overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1"]
+    full = train_recording_losses(compose([*overrides, "compile=false"], tmp_path / "full"))
+    split = tmp_path / "split"
+    head = train_recording_losses(compose([*overrides, f"compile={first}"], split), stop_after=12)
+    assert not any(k.startswith("_orig_mod") for k in checkpoint.load(runs.latest(split)).model)
+    tail = train_recording_losses(compose([*overrides, f"compile={then}"], split))  # same run dir: resume=auto
+    assert sorted(tail) == list(range(13, 31))
+    assert {**head, **tail} == full
+    assert counting.counter.frame_count >= 2  # the compiled half did run through dynamo

@@ -361,3 +361,84 @@ def test_a_compiled_model_generates_without_recompiling_per_token(fresh_dynamo, 
     traced = len(graphs)
     longer = replace(cfg, max_new_tokens=60)
     assert generate(model, tok, ["KING:"], longer) and len(graphs) == traced  # 60 more tokens, nothing new
+
+
+def _rewriting_backend(counts: list[int]):
+    """What cpu_decoding_backend does minus inductor: the one-row rewrite, then the graph run
+    as it is (eagerly), counting the linears replaced in each graph."""
+    from gpt.generation.compiled import rows_as_reductions
+
+    def backend(gm, example_inputs):
+        counts.append(rows_as_reductions(gm))
+        return gm.forward
+
+    return backend
+
+
+@pytest.mark.parametrize("kw", [{}, dict(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False, n_kv_head=1)])
+def test_one_row_steps_run_as_reductions_and_decode_the_same(fresh_dynamo, kw):
+    """On a CPU, compiled decoding replaces every linear layer of a batch-1 one-token step (4 per
+    block + the head) by a multiply-and-sum; the prompt's positions and batches of several rows
+    keep the matmul. Greedy tokens equal the eager model's; the logits agree within 1e-4."""
+    from gpt.generation import compile_for_generation
+
+    model = _model(**kw)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert linears == 4 * 2 + 1
+    eager_one, eager_two = _tokens(model, [[1, 2, 3]], True, n=12), _tokens(model, [[1, 2, 3], [4, 5, 6]], True, n=12)
+    counts: list[int] = []
+    compile_for_generation(model, backend=_rewriting_backend(counts))
+    assert torch.equal(_tokens(model, [[1, 2, 3]], True, n=12), eager_one)
+    # the 3-token prompt: only the head, which reads the last position alone; the one-token steps: all
+    assert sorted(counts) == [1, linears], counts
+    counts.clear()
+    assert torch.equal(_tokens(model, [[1, 2, 3], [4, 5, 6]], True, n=12), eager_two)
+    assert counts and set(counts) == {0}, counts  # two rows a step: matmuls kept
+    x, plain = torch.tensor([[7]]), _model(**kw)  # the same weights, not compiled
+    with torch.no_grad():
+        got, want = model(x, cache=_fresh_cache(model))[0], plain(x, cache=_fresh_cache(plain))[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def _fresh_cache(model):
+    from gpt.model.cache import KVCache
+
+    return KVCache(model.config.n_layer, model.config.block_size, torch.zeros(1, dtype=torch.long))
+
+
+def test_the_one_row_rewrite_leaves_autocast_and_other_dtypes_alone(fresh_dynamo):
+    """Under autocast the matmul's dtype is autocast's to choose (bf16 on a CPU), and a bf16 model
+    reads bf16 weights: neither graph is rewritten."""
+    from gpt.generation import compile_for_generation
+
+    for dtype, autocast in ((torch.float32, True), (torch.bfloat16, False)):
+        torch.compiler.reset()
+        model = _model().to(dtype)
+        counts: list[int] = []
+        compile_for_generation(model, backend=_rewriting_backend(counts))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _tokens(model, [[1, 2, 3]], True, n=4)
+        assert counts and set(counts) == {0}, (dtype, autocast, counts)
+
+
+def test_row_linear_is_linear():
+    from gpt.generation.compiled import row_linear
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(1, 1, 48), torch.randn(80, 48), torch.randn(80)
+    torch.testing.assert_close(row_linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(row_linear(x, w), torch.nn.functional.linear(x, w))
+
+
+@pytest.mark.slow
+def test_compiled_cpu_decoding_with_inductor_equals_eager(fresh_dynamo):
+    """The real thing (inductor's C++ backend, ~30 s cold here): sample.py compile=true on a CPU
+    gives the eager model's greedy tokens, batch 1 and 2."""
+    from gpt.generation import compile_for_generation
+
+    model = _model(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False)
+    eager = [_tokens(model, p, True, n=10) for p in ([[1, 2, 3]], [[1, 2, 3], [4, 5, 6]])]
+    compile_for_generation(model)
+    assert all(
+        torch.equal(_tokens(model, p, True, n=10), e) for p, e in zip(([[1, 2, 3]], [[1, 2, 3], [4, 5, 6]]), eager, strict=True)
+    )

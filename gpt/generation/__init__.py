@@ -3,6 +3,7 @@
     sampling.py  logits -> the next token under the controls (next_tokens)
     decoder.py   token-level decoding of a batch of prompts (Decoder)
     text.py      a prompt's ids, and a row's text as it is generated: stops, end of text (TextStream)
+    compiled.py  torch.compile for decoding (compile_for_generation)
 
 No I/O and no Hydra: `generate` and `stream` here are what the trainer, sample.py, `tinygpt chat`
 and notebooks share (the server's engine batches rows itself, with the same pieces). The controls are the fields of
@@ -20,12 +21,13 @@ the window. Recurrent models carry a fixed-size state and have no such limit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
 
 from gpt.config import SamplingSettings
+from gpt.generation.compiled import compile_for_generation
 from gpt.generation.decoder import Decoder
 from gpt.generation.sampling import draw, filter_logits, keep_typical, next_tokens, not_finite, penalize_repeats
 from gpt.generation.text import TextStream, decode_safe, encode_prompt, stop_ids
@@ -85,16 +87,6 @@ def _generate_rows(
                 yield r, piece
     finally:
         model.train(was_training)
-
-
-def compile_for_generation(model, backend: str | Callable = "inductor") -> None:
-    """torch.compile the model's forward in place, for decoding (sample.py's compile=true). The
-    compiled forward is traced once for a prompt and once for the one-token steps after it (and
-    once for a window re-encoded past the context), not once per token: the KV cache's length,
-    a Python int that changes every step, is symbolic (dynamic=True) rather than a value the
-    compiled graph is guarded on, and the decoder hands the model fresh input tensors, whose
-    strides do not change from step to step (see decoder._fresh)."""
-    model.compile(dynamic=True, backend=backend)
 
 
 def read_every(device: torch.device) -> int:
