@@ -16,6 +16,10 @@ ratio measured in one run. Two comparisons:
         timed from its start until its first eval with val <= --target (then stopped), with the
         CPU time its process used (user / system).
 
+    python benchmarks/reference.py e2e --to-end [--repeats 3] [tinygpt overrides ...]
+        The same pairs, each run to its end (2000 steps, every eval, tinygpt's checkpoints
+        and logs): wall time of the whole process, at equal steps.
+
     python benchmarks/reference.py run [--iters 2000] [--target 1.89]
         The reference recipe alone (what e2e starts): nanoGPT's CPU recipe for Tiny Shakespeare
         chars (4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW lr 1e-3 -> 1e-4 cosine,
@@ -227,9 +231,10 @@ def reference_run(args) -> None:
         reference_step(model, optimizer, train_tokens, rng)
 
 
-def _to_target(cmd: list[str], target: float) -> dict:
-    """Start `cmd`, read its output until an eval line shows val <= target; then stop it. Wall
-    seconds from start, and the CPU time of the process (children rusage)."""
+def _to_target(cmd: list[str], target: float | None) -> dict:
+    """Start `cmd`, read its output until an eval line shows val <= target; then stop it (target
+    None: until it ends, with its last eval). Wall seconds from start, and the CPU time of the
+    process (children rusage)."""
     import re
     import signal
 
@@ -239,12 +244,16 @@ def _to_target(cmd: list[str], target: float) -> dict:
     reached = None
     for line in proc.stdout:
         m = re.search(r"eval step (\d+):.*val (\d+\.\d+)", line)
-        if m and float(m.group(2)) <= target:
+        if m and target is None:
+            reached = {"step": int(m.group(1)), "val": float(m.group(2))}
+        elif m and float(m.group(2)) <= target:
             reached = {"seconds": time.perf_counter() - t0, "step": int(m.group(1)), "val": float(m.group(2))}
             proc.send_signal(signal.SIGTERM)
             break
     proc.stdout.read()
     proc.wait()
+    if target is None and reached:
+        reached["seconds"] = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     reached = reached or {"seconds": math.nan, "step": None, "val": math.nan}
     return {**reached, "user": after.ru_utime - before.ru_utime, "sys": after.ru_stime - before.ru_stime}
@@ -252,12 +261,21 @@ def _to_target(cmd: list[str], target: float) -> dict:
 
 def compare_e2e(args) -> None:
     sides = {
-        "reference": [sys.executable, str(REPO / "benchmarks" / "reference.py"), "run", f"--target={args.target}"],
+        "reference": [
+            sys.executable,
+            str(REPO / "benchmarks" / "reference.py"),
+            "run",
+            f"--target={-1 if args.to_end else args.target}",
+        ],
         "tinygpt": [sys.executable, str(REPO / "train.py"), "train.sample_tokens=0", *args.overrides],
     }
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     rows = {name: [] for name in sides}
-    print(f"wall time from process start to the first eval with val <= {args.target} (then stopped)")
+    target = None if args.to_end else args.target
+    if args.to_end:
+        print("wall time of whole runs (2000 steps each, every eval)")
+    else:
+        print(f"wall time from process start to the first eval with val <= {args.target} (then stopped)")
     for i in range(args.repeats):
         for name, cmd in sides.items():
             cmd = (
@@ -265,7 +283,7 @@ def compare_e2e(args) -> None:
                 if name == "tinygpt"
                 else cmd
             )
-            r = _to_target(cmd, args.target)
+            r = _to_target(cmd, target)
             rows[name].append(r)
             print(
                 f"  pair {i + 1} {name:>9}: {r['seconds']:6.1f} s (step {r['step']}, val {r['val']:.4f}; "
@@ -275,7 +293,8 @@ def compare_e2e(args) -> None:
     for name, rs in rows.items():
         sys_share = statistics.median(r["sys"] / max(r["user"] + r["sys"], 1e-9) for r in rs)
         print(f"median {name:>9}: {med[name]:.1f} s ({sys_share * 100:.0f}% of its CPU time in the kernel)")
-    print(f"ratio: tinygpt reaches val <= {args.target} {med['reference'] / med['tinygpt']:.2f}x as fast as the reference")
+    what = "runs its 2000 steps" if args.to_end else f"reaches val <= {args.target}"
+    print(f"ratio: tinygpt {what} {med['reference'] / med['tinygpt']:.2f}x as fast as the reference")
 
 
 def main() -> None:
@@ -286,6 +305,7 @@ def main() -> None:
     ap.add_argument("--optim", default="adamw")
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--target", type=float, default=1.89)
+    ap.add_argument("--to-end", action="store_true", help="e2e: whole runs, not stopped at the target")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()  # overrides before or after the options
     {"step": compare_steps, "e2e": compare_e2e, "run": reference_run}[args.mode](args)
