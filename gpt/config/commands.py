@@ -86,7 +86,7 @@ class SampleConfig(SamplingSettings, ModelChoice, DeviceSettings):
     num_samples: int = 3  # per prompt
     stream: bool = True  # print tokens as they come; false: all prompts as one padded batch
     out_file: str | None = None  # also append {prompt, text, settings} records to this JSONL file
-    compile: bool = False  # torch.compile the model first (pays off for long generations on a GPU)
+    compile: bool = False  # torch.compile the model first (minutes of compiling on a CPU, once: docs/sampling.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()
