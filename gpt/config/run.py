@@ -198,9 +198,8 @@ class MuonSettings(AdamWSettings):
     muon_lr: float = 0.02  # the Muon part (decays by the same factor as lr)
     momentum: float = 0.95  # Nesterov momentum
     ns_steps: int = 5
-    ns_dtype: str = (
-        "auto"  # Newton-Schulz precision: auto = bfloat16 on CUDA SM >= 80 and CPUs with AVX-512 BF16 or AMX, float32 elsewhere
-    )
+    # Newton-Schulz precision: auto = bfloat16 on CUDA SM >= 80 and CPUs with AVX-512 BF16 or AMX, float32 elsewhere
+    ns_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()
