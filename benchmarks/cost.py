@@ -2,7 +2,8 @@
 
     python benchmarks/cost.py [--out docs/img/cost.png] [--steps 5]
 
-Three series, each point the median of --steps timed steps after two warm-up steps, fp32, the
+Three series, each point the median of --steps timed steps after two warm-up steps, fp32 (Muon's
+Newton-Schulz as `optim.ns_dtype=auto` picks: bf16 on CPUs with AVX-512 BF16 or AMX), the
 default threads, the quickstart's block (RMSNorm, RoPE, QK-norm, no biases) and optimizer (Muon
 + AdamW) with its byte vocabulary (257 tokens), on random tokens (speed does not depend on them):
 
@@ -12,8 +13,8 @@ default threads, the quickstart's block (RMSNorm, RoPE, QK-norm, no biases) and 
   2. the same at the quickstart's size (4L/128D) as the context grows from 64 to 1024, with the
      batch shrunk to keep 4,096 tokens a step;
   3. generation at the baby GPT shape (6L/384D) with a 1024-token context, batch 1: the time of
-     one new token after L tokens, with the KV cache (one position of work) and without it (the
-     plain forward over all L).
+     the step that reads the L-th token and predicts the next, with the KV cache (holding the
+     first L - 1: one position of work) and without it (the plain forward over all L).
 
 Prints the tables, and draws the three panels to --out.
 """
@@ -75,9 +76,9 @@ def token_time(model: GPT, length: int, cache: bool, steps: int) -> float:
     if not cache:
         return median_seconds(lambda: model(ids, last_only=True), steps)
 
-    def one_token():  # a cache holding `length` tokens, then one new position
+    def one_token():  # a cache holding the first length - 1 tokens, then the last as the new position
         kv = KVCache(model.config.n_layer, model.config.block_size, torch.zeros(1, dtype=torch.long))
-        model(ids, cache=kv, last_only=True)
+        model(ids[:, :-1], cache=kv, last_only=True)
         t0 = time.perf_counter()
         model(ids[:, -1:], cache=kv, last_only=True)
         return time.perf_counter() - t0

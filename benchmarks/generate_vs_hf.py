@@ -5,8 +5,8 @@
 
 For each model shape: random weights (seeded; speed does not depend on them), exported with
 `gpt.interop.export` to a Hugging Face folder, which transformers loads (GPT2LMHeadModel for the
-gpt2 shape). Both decode the same prompts (--batches rows of 16 Tiny-Shakespeare-like tokens, all
-of one length, so no padding), cache on, fp32, on the CPU with the same threads, in one process,
+gpt2 shape). Both decode the same prompts (--batches rows of 16 random token ids below 256, all
+of one length, so no padding; prompt + new tokens must fit the shape's context), cache on, fp32, on the CPU with the same threads, in one process,
 alternated A B A B (--repeats pairs); the figure is tokens/s of the new tokens, median of the
 repeats, prompt included in the time. Three tinygpt modes: `eager` (sample.py's default),
 `compiled` (sample.py compile=true: gpt.generation.compile_for_generation; its compile time is
@@ -80,6 +80,8 @@ def main() -> None:
     print(f"{'shape':<17} {'batch':>5} {'mode':<8} {'tinygpt eager':>14} {'compiled':>9} {'transformers':>13}  ratios (tok/s)")
     for shape in args.shapes:
         model, tokenizer = build(shape)
+        if 16 + args.new_tokens > model.config.block_size:
+            raise SystemExit(f"{shape}: 16 + --new-tokens must fit its context of {model.config.block_size} tokens")
         folder = tempfile.mkdtemp(prefix="tinygpt-vs-hf-")
         _, cls = export(model, tokenizer, folder)
         hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()

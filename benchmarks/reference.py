@@ -266,6 +266,7 @@ def compare_e2e(args) -> None:
             str(REPO / "benchmarks" / "reference.py"),
             "run",
             f"--target={-1 if args.to_end else args.target}",
+            f"--iters={args.iters}",
         ],
         "tinygpt": [sys.executable, str(REPO / "train.py"), "train.sample_tokens=0", *args.overrides],
     }
@@ -273,7 +274,7 @@ def compare_e2e(args) -> None:
     rows = {name: [] for name in sides}
     target = None if args.to_end else args.target
     if args.to_end:
-        print("wall time of whole runs (2000 steps each, every eval)")
+        print(f"wall time of whole runs (the reference's {args.iters} steps, tinygpt's train.max_iters; every eval)")
     else:
         print(f"wall time from process start to the first eval with val <= {args.target} (then stopped)")
     for i in range(args.repeats):
@@ -293,7 +294,7 @@ def compare_e2e(args) -> None:
     for name, rs in rows.items():
         sys_share = statistics.median(r["sys"] / max(r["user"] + r["sys"], 1e-9) for r in rs)
         print(f"median {name:>9}: {med[name]:.1f} s ({sys_share * 100:.0f}% of its CPU time in the kernel)")
-    what = "runs its 2000 steps" if args.to_end else f"reaches val <= {args.target}"
+    what = "runs to its end" if args.to_end else f"reaches val <= {args.target}"
     print(f"ratio: tinygpt {what} {med['reference'] / med['tinygpt']:.2f}x as fast as the reference")
 
 

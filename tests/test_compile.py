@@ -149,6 +149,7 @@ def test_compile_true_trains_the_default_model_like_eager(tmp_path, data_root):
         "train.sample_tokens=0",
         "train.eval_sample_tokens=0",
         "threads=1",
+        "optim.ns_dtype=float32",  # bf16 Newton-Schulz (auto on AVX-512 BF16) turns last-bit differences into bf16 steps
     ]
     losses = {}
     for name, extra in (("eager", []), ("compiled", ["compile=true"]), ("bf16", ["dtype=bfloat16"])):
@@ -172,7 +173,7 @@ def test_compile_true_trains_the_llama_preset_and_an_sft_run_like_eager(tmp_path
 
     root, data_overrides = data_root
     if case == "llama":
-        extra = ["model=llama-nano", "model.n_layer=2", *data_overrides]
+        extra = ["model=llama-nano", "model.n_layer=2", "optim.ns_dtype=float32", *data_overrides]  # as above
     else:
         (tmp_path / "corpus.txt").write_text(TEXT)
         base = tmp_path / "base"
@@ -243,6 +244,7 @@ def test_ddp_on_gloo_with_compile_trains_like_one_eager_process(tmp_path, data_r
         "train.eval_interval=12",
         "train.sample_tokens=0",
         "optim.warmup_iters=5",
+        "optim.ns_dtype=float32",  # as above
     ]
     single = run_script("train.py", [*common, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
     assert single.returncode == 0, single.stderr[-2000:]

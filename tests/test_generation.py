@@ -421,6 +421,30 @@ def test_the_one_row_rewrite_leaves_autocast_and_other_dtypes_alone(fresh_dynamo
         assert counts and set(counts) == {0}, (dtype, autocast, counts)
 
 
+def test_autocast_inside_the_graph_keeps_its_matmuls_and_a_disabled_one_does_not():
+    """A graph that enters autocast itself keeps its linears; one that enters it switched off (as
+    the recurrent models do around their fp32 recurrence) still gets the rewrite."""
+    from gpt.generation.compiled import rows_as_reductions
+
+    def rewritten(enabled: bool) -> list[int]:
+        counts: list[int] = []
+
+        def backend(gm, example_inputs):
+            counts.append(rows_as_reductions(gm))
+            return gm.forward
+
+        def fn(x, w):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                return torch.nn.functional.linear(x, w)
+
+        torch.compiler.reset()
+        torch.compile(fn, backend=backend)(torch.randn(1, 8), torch.randn(4, 8))
+        torch.compiler.reset()
+        return counts
+
+    assert rewritten(True) == [0] and rewritten(False) == [1]
+
+
 def test_row_linear_is_linear():
     from gpt.generation.compiled import row_linear
 
@@ -431,14 +455,19 @@ def test_row_linear_is_linear():
 
 
 @pytest.mark.slow
-def test_compiled_cpu_decoding_with_inductor_equals_eager(fresh_dynamo):
+def test_compiled_cpu_decoding_with_inductor_equals_eager(fresh_dynamo, monkeypatch):
     """The real thing (inductor's C++ backend, ~30 s cold here): sample.py compile=true on a CPU
     gives the eager model's greedy tokens, batch 1 and 2."""
+    import gpt.generation.compiled as compiled
     from gpt.generation import compile_for_generation
 
     model = _model(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False)
     eager = [_tokens(model, p, True, n=10) for p in ([[1, 2, 3]], [[1, 2, 3], [4, 5, 6]])]
+    counts: list[int] = []
+    real = compiled.rows_as_reductions
+    monkeypatch.setattr(compiled, "rows_as_reductions", lambda gm: counts.append(real(gm)) or counts[-1])
     compile_for_generation(model)
     assert all(
         torch.equal(_tokens(model, p, True, n=10), e) for p, e in zip(([[1, 2, 3]], [[1, 2, 3], [4, 5, 6]]), eager, strict=True)
     )
+    assert max(counts) == 4 * 2 + 1  # inductor compiled the rewritten one-token step

@@ -310,6 +310,10 @@ def test_rmsnorm_is_its_formula_computed_in_float32():
     x = torch.randn(3, 8) * 5
     expected = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-6) * norm.weight
     assert torch.allclose(norm(x), expected, atol=1e-6)
+    # bitwise the formula as the module spelled it before it called torch's fused kernel
+    with torch.no_grad():
+        spelled = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        assert torch.equal(norm(x), spelled)
     half = norm(x.bfloat16())  # normalised in float32, then cast back before the gain
     assert half.dtype == torch.float32 and torch.allclose(half, expected, atol=0.05)
     # torch's fused kernel computes it: its backward is the formula's too

@@ -45,21 +45,23 @@ def cpu_decoding_backend(gm: fx.GraphModule, example_inputs) -> Callable:
 
 
 def rows_as_reductions(gm: fx.GraphModule) -> int:
-    """Replace each fp32 linear layer whose input is statically a single row (batch 1, one new
-    position: dynamo specialises sizes of 1) by `row_linear`. Graphs traced under autocast (entered
-    around the call, which dynamo guards on, or inside it) are left as they are: there the
-    matmul's dtype is autocast's to choose. Returns how many were replaced."""
+    """Replace each fp32 CPU linear layer whose input is statically a single row (batch 1, one
+    new position: dynamo specialises sizes of 1) by `row_linear`. Graphs traced under autocast
+    (entered around the call, which dynamo guards on, or enabled inside it) are left as they
+    are: there the matmul's dtype is autocast's to choose. Returns how many were replaced."""
     nodes = list(gm.graph.nodes)
-    if torch.is_autocast_enabled("cpu") or any(
-        n.op == "call_function" and n.target is torch.amp.autocast_mode._enter_autocast for n in nodes
-    ):
+    if torch.is_autocast_enabled("cpu") or any(_enables_autocast(n) for n in nodes):
         return 0
     replaced = 0
     for node in nodes:
         if node.op != "call_function" or node.target not in _LINEARS:
             continue
+        if len(node.args) < 2 or set(node.kwargs) - {"bias"}:  # as the model calls it: (x, weight[, bias])
+            continue
         x, w = (a.meta.get("example_value") if isinstance(a, fx.Node) else None for a in node.args[:2])
-        if x is None or w is None or x.dtype != torch.float32 or w.dtype != torch.float32:
+        if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or w.dim() != 2:
+            continue
+        if x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != torch.float32:
             continue
         if not all(isinstance(d, int) and d == 1 for d in x.shape[:-1]):
             continue
@@ -72,6 +74,15 @@ def rows_as_reductions(gm: fx.GraphModule) -> int:
     if replaced:
         gm.recompile()
     return replaced
+
+
+def _enables_autocast(node: fx.Node) -> bool:
+    """Whether the node enters an autocast region that is on (a recurrent model enters one with
+    enabled=False around its fp32 recurrence)."""
+    if node.op != "call_function" or node.target is not torch.amp.autocast_mode._enter_autocast:
+        return False
+    enabled = node.args[2] if len(node.args) > 2 else node.kwargs.get("enabled", True)
+    return bool(enabled)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

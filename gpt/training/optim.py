@@ -296,7 +296,7 @@ class Optimizers(torch.optim.Optimizer):
 def ns_dtype_for(settings: MuonSettings, device: torch.device) -> torch.dtype:
     """bf16 where the hardware multiplies it natively: CUDA from Ampere (SM 80) on, and CPUs with
     AVX-512 BF16 or AMX (the quickstart's Newton-Schulz 2.7x faster than fp32 on an AVX-512 BF16
-    EPYC; its final val 0.005-0.017 above fp32's at equal steps over two seeds, from a run ~12%
+    EPYC; its final val 0.005-0.017 above fp32's at equal steps over two seeds, from steps ~15%
     shorter); fp32 elsewhere: older GPUs and CPUs with AVX2 alone emulate bf16, ~10x slower."""
     if settings.ns_dtype != "auto":
         return getattr(torch, settings.ns_dtype)
