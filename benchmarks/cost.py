@@ -26,6 +26,7 @@ import statistics
 import time
 
 import torch
+from overhead import median_time  # benchmarks/overhead.py: this folder is the script's first path
 
 from gpt.config import GPTConfig
 from gpt.config.run import MuonSettings
@@ -42,12 +43,7 @@ GEN_LENGTHS = [16, 64, 256, 512, 1023]
 def median_seconds(fn, steps: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_time(fn, steps)
 
 
 def matmul_peak() -> float:

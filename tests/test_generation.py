@@ -445,6 +445,34 @@ def test_autocast_inside_the_graph_keeps_its_matmuls_and_a_disabled_one_does_not
     assert rewritten(True) == [0] and rewritten(False) == [1]
 
 
+@pytest.mark.parametrize(
+    "call, expected",
+    [
+        (lambda x, w, b: torch.nn.functional.linear(x, w, b), 1),  # as the model calls it
+        (lambda x, w, b: torch.nn.functional.linear(x, w, bias=b), 1),
+        (lambda x, w, b: torch.nn.functional.linear(x, weight=w, bias=b), 0),  # an unexpected form: left alone
+        (lambda x, w, b: torch.nn.functional.linear(x.to("meta"), w.to("meta"), b.to("meta")), 0),  # not a CPU tensor
+        (lambda x, w, b: torch.nn.functional.linear(x.double(), w.double(), b.double()), 0),  # not fp32
+        (lambda x, w, b: torch.nn.functional.linear(x, w[0]), 0),  # a 1-D weight
+    ],
+    ids=["positional", "bias-kwarg", "weight-kwarg", "meta", "float64", "1-d-weight"],
+)
+def test_the_one_row_rewrite_takes_only_cpu_fp32_matrix_calls_it_knows(fresh_dynamo, call, expected):
+    from gpt.generation.compiled import rows_as_reductions
+
+    counts: list[int] = []
+
+    def backend(gm, example_inputs):
+        counts.append(rows_as_reductions(gm))
+        return gm.forward
+
+    x, w, b = torch.randn(1, 8), torch.randn(4, 8), torch.randn(4)
+    out = torch.compile(call, backend=backend)(x, w, b)
+    assert counts == [expected]
+    if out.device.type == "cpu":
+        assert torch.allclose(out, call(x, w, b), atol=1e-5)
+
+
 def test_row_linear_is_linear():
     from gpt.generation.compiled import row_linear
 
