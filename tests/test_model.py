@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
@@ -47,6 +48,23 @@ def test_causality(attention):
     b, _ = model(changed)
     assert torch.equal(a[:, : t + 1], b[:, : t + 1])  # past positions untouched
     assert not torch.allclose(a[:, t + 1], b[:, t + 1])  # the changed position does differ
+
+
+@pytest.mark.parametrize("T, fp32", [(8, True), (255, True), (256, False)])
+def test_short_attention_runs_in_fp32_under_cpu_bf16_autocast(T, fp32):
+    """torch's CPU flash attention is slow in bf16 at short lengths: below 256 query positions it
+    runs on the upcast inputs (a bf16 result, as autocast would give), from 256 on as autocast says."""
+    from gpt.model import attention
+
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, 4, T, 32, generator=g).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attention._sdpa(q, k, v, is_causal=True)
+    in_fp32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).bfloat16()
+    in_bf16 = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, in_fp32 if fp32 else in_bf16) and not torch.equal(in_fp32, in_bf16)
+    assert torch.equal(attention._sdpa(q, k, v, is_causal=True), in_bf16)  # no autocast: as given
 
 
 @pytest.mark.parametrize("T", [5, 16])

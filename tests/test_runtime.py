@@ -35,6 +35,24 @@ def test_auto_on_a_cpu_machine_is_cpu_fp32_no_compile(monkeypatch):
     assert devices.pick_device("auto")[0] == torch.device("cpu")
 
 
+@pytest.mark.parametrize("avx512_bf16, amx", [(True, False), (False, True), (False, False)])
+def test_training_on_a_cpu_with_native_bf16_autocasts_to_bf16_and_inference_stays_fp32(monkeypatch, avx512_bf16, amx):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    native = avx512_bf16 or amx
+    dtype, why = devices.pick_dtype(cpu, "auto", training=True)
+    assert dtype == (torch.bfloat16 if native else torch.float32)
+    assert ("native bf16" in why and "dtype=float32 to turn off" in why) if native else why == "dtype float32 (default on cpu)"
+    assert devices.pick_dtype(cpu, "auto") == (torch.float32, "dtype float32 (default on cpu)")  # sample, eval, serve
+    assert devices.pick_dtype(cpu, "float32", training=True)[0] == torch.float32  # the way out
+    assert devices.pick_dtype(torch.device("mps"), "auto", training=True)[0] == torch.float32
+    rt = devices.setup("cpu", "auto", "auto", threads=1, training=True)
+    assert rt.dtype == dtype and not rt.use_grad_scaler  # bf16 needs no loss scaling
+    with rt.autocast():
+        assert torch.is_autocast_enabled("cpu") == native
+
+
 def test_auto_on_a_gpu_picks_bf16_from_sm80_and_fp16_with_a_scaler_below(pretend_gpu):
     device, why = devices.pick_device("auto")
     assert device == torch.device("cuda") and "NVIDIA H200" in why and "auto-detected" in why

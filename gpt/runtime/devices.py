@@ -65,7 +65,14 @@ def pick_device(requested: str = "auto", local_rank: int | None = None) -> tuple
     return torch.device(requested), f"device {requested} (forced by config)"
 
 
-def pick_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dtype, str]:
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AVX-512 BF16 or AMX tiles), which
+    oneDNN uses for bf16 matmuls."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def pick_dtype(device: torch.device, requested: str = "auto", training: bool = False) -> tuple[torch.dtype, str]:
+    """`training`: the choice for a training run, which on a CPU with native bf16 differs (below)."""
     if requested != "auto":
         if requested not in _DTYPES:
             raise TinyGPTError(f"dtype={requested!r} is unknown; use auto, float32, bfloat16 or float16")
@@ -76,6 +83,12 @@ def pick_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dty
         if (major, minor) >= (8, 0):
             return torch.bfloat16, f"dtype bfloat16 autocast (SM {major}{minor} supports bf16)"
         return torch.float16, f"dtype float16 autocast + GradScaler (SM {major}{minor} lacks native bf16)"
+    if device.type == "cpu" and training and cpu_has_native_bf16():
+        # oneDNN's bf16 matmuls on AVX-512 BF16 run the quickstart's 3.3x faster than fp32's
+        # (22 -> 6.6 ms of its 43 ms step, which becomes 30; final val 1.5672 against fp32's
+        # 1.5774). Inference stays fp32: its figures are compared with transformers' fp32 ones,
+        # and decoding gains nothing (500 tokens of the quickstart model: 3.1-3.6 s either way).
+        return torch.bfloat16, "dtype bfloat16 autocast (training on a CPU with native bf16; dtype=float32 to turn off)"
     # CPUs without native bf16 emulate it slowly, and MPS autocast is still patchy: stay in fp32.
     return torch.float32, f"dtype float32 (default on {device.type})"
 
@@ -98,9 +111,10 @@ def setup(
     local_rank: int | None = None,
     threads: int | str | None = None,
     local_processes: int = 1,
+    training: bool = False,
 ) -> Runtime:
     dev, why_dev = pick_device(device, local_rank)
-    dt, why_dt = pick_dtype(dev, dtype)
+    dt, why_dt = pick_dtype(dev, dtype, training)
     comp, why_comp = pick_compile(dev, compile)
     chosen = Threads(dev, threads, local_processes)
     reasons = [why_dev, why_dt, why_comp, chosen.reason]

@@ -22,6 +22,7 @@ from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
 from gpt.config import AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
+from gpt.runtime import devices
 
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon: they push every singular value
 # of the normalised matrix towards 1 in 5 steps, without needing to converge exactly.
@@ -303,14 +304,8 @@ def ns_dtype_for(settings: MuonSettings, device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device) >= (8, 0)
     else:
-        native = device.type == "cpu" and cpu_has_native_bf16()
+        native = device.type == "cpu" and devices.cpu_has_native_bf16()
     return torch.bfloat16 if native else torch.float32
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU has bf16 dot-product instructions (AVX-512 BF16 or AMX tiles), which
-    oneDNN uses for bf16 matmuls."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def build_optimizer(model: nn.Module, settings: AdamWSettings, device: torch.device) -> Optimizers:

@@ -47,7 +47,13 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     if claim is None:  # nobody checked these settings yet
         preflight(cfg)
     rt = devices.setup(
-        cfg.device, cfg.dtype, cfg.compile, dist.local_rank if dist.enabled else None, cfg.threads, dist.local_world_size
+        cfg.device,
+        cfg.dtype,
+        cfg.compile,
+        dist.local_rank if dist.enabled else None,
+        cfg.threads,
+        dist.local_world_size,
+        training=True,
     )
     distributed.init(dist, rt.device)
     # Under torchrun every process picked its own run directory: rank 0's is the one.

@@ -42,7 +42,7 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
         loading.check(settings.init_from)
     if here:
         device, _ = devices.pick_device(settings.device)
-        devices.pick_dtype(device, settings.dtype)
+        devices.pick_dtype(device, settings.dtype, training=True)
         devices.pick_compile(device, settings.compile)
     return point
 

@@ -14,6 +14,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt.checkpoints import checkpoint, runs
+from gpt.runtime import devices
 from helpers import REPO, SHARED_TEXT, assert_one_line_error, run_script, sigterm_after_step_5
 
 QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
@@ -22,7 +23,8 @@ QUICK = ["debug=tiny", "train.max_iters=10", "train.eval_interval=5"]
 def test_train_writes_checkpoints_logs_and_events(trained_run):
     cwd, run_dir, stdout = trained_run
     assert "best val loss" in stdout and "python sample.py run_dir=" in stdout
-    assert "device cpu" in stdout and "dtype float32" in stdout
+    # training autocasts to bf16 on CPUs with native bf16 (the rule: tests/test_runtime.py)
+    assert "device cpu" in stdout and ("dtype bfloat16 autocast" if devices.cpu_has_native_bf16() else "dtype float32") in stdout
     assert len([line for line in stdout.splitlines() if line.startswith("eval step")]) == 3  # printed once each
     assert (run_dir / "train.log").read_text().count("eval step") == 3  # steps 0, 10, 20
     names = sorted(p.name for p in (run_dir / runs.CKPT_DIR).iterdir())
