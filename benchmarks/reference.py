@@ -6,7 +6,7 @@ ratio measured in one run. Two comparisons:
     python benchmarks/reference.py step [--steps 200] [--repeats 3] [--optim adamw]
         One process: the reference step and tinygpt's step alternated A B A B (--repeats pairs,
         --steps timed steps each after 10 warm-up steps), same model shape and block (GPT-2's:
-        model=gpt-micro), same data, same threads. Prints each block, the medians, the ratio,
+        model=gpt-micro), fp32 both (dtype=float32), same data, same threads. Prints each block, the medians, the ratio,
         and the user / system CPU seconds per step of each (getrusage: all threads of the
         process).
 
@@ -166,9 +166,11 @@ def compare_steps(args) -> None:
     from gpt.training import Trainer, build_run
 
     logger.disabled = True
-    # model=gpt-micro: the reference's own block (GPT-2's), so a step compares like with like
+    # model=gpt-micro: the reference's own block (GPT-2's), and fp32 as the reference computes
+    # (dtype=auto would train in bf16 on a CPU with native bf16), so a step compares like with like
     overrides = [
         "model=gpt-micro",
+        "dtype=float32",
         f"optim={args.optim}",
         "train.sample_tokens=0",
         f"paths.output_dir={REPO / 'outputs' / 'bench-reference'}",

@@ -25,10 +25,12 @@ def _metrics(run_dir, kind):
 @pytest.mark.parametrize("accum", [1, 2])
 def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     root, data_overrides = data_root
-    # fp32 Newton-Schulz: in bf16 (auto on CPUs with AVX-512 BF16) the rounding of two sums in
-    # another order can land a bf16 step apart, and the comparison is of DDP, not of Muon's precision
+    # fp32 Newton-Schulz and fp32 training: in bf16 (auto on CPUs with AVX-512 BF16) the rounding of
+    # two sums in another order can land a bf16 step apart, and the comparison is of DDP, not of
+    # precision
     common = ["debug=tiny", "train.eval_interval=10", "train.log_interval=1", "optim.warmup_iters=5", "train.sample_tokens=0"] + [
         "optim.ns_dtype=float32",
+        "dtype=float32",
         *data_overrides,
         "train.max_iters=12",
         "device=cpu",
