@@ -67,6 +67,39 @@ def test_short_attention_runs_in_fp32_under_cpu_bf16_autocast(T, fp32):
     assert torch.equal(attention._sdpa(q, k, v, is_causal=True), in_bf16)  # no autocast: as given
 
 
+def test_the_model_under_cpu_bf16_autocast_attends_in_fp32_and_computes_in_bf16(monkeypatch):
+    """The attention layer goes through that rule: a training forward of the quickstart's block
+    under CPU bf16 autocast hands fp32 queries, keys and values to torch's SDPA, its matmuls bf16."""
+    from gpt.model import attention
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    cfg = GPTConfig(
+        vocab_size=64,
+        block_size=32,
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        norm="rmsnorm",
+        pos_encoding="rope",
+        qk_norm=True,
+        bias=False,
+    )
+    model = GPT(cfg)
+    x = torch.randint(0, 64, (2, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(x, x)
+        c_attn_out = model.transformer.h[0].attn.c_attn(torch.randn(2, 32, 32))
+    loss.backward()
+    assert seen == [(torch.float32,) * 3] * 2 and c_attn_out.dtype == torch.bfloat16 and torch.isfinite(loss)
+
+
 @pytest.mark.parametrize("T", [5, 16])
 def test_manual_attention_matches_sdpa(T):
     torch.manual_seed(1)

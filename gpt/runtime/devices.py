@@ -85,9 +85,10 @@ def pick_dtype(device: torch.device, requested: str = "auto", training: bool = F
         return torch.float16, f"dtype float16 autocast + GradScaler (SM {major}{minor} lacks native bf16)"
     if device.type == "cpu" and training and cpu_has_native_bf16():
         # oneDNN's bf16 matmuls on AVX-512 BF16 run the quickstart's 3.3x faster than fp32's
-        # (22 -> 6.6 ms of its 43 ms step, which becomes 30; final val 1.5672 against fp32's
-        # 1.5774). Inference stays fp32: its figures are compared with transformers' fp32 ones,
-        # and decoding gains nothing (500 tokens of the quickstart model: 3.1-3.6 s either way).
+        # (22 -> 6.6 ms of its 43 ms step, which becomes 30; final val 1.5672 against 1.5774 with
+        # fp32 matmuls, docs/performance.md). Inference stays fp32: its figures are compared with
+        # transformers' fp32 ones, and decoding gains nothing (500 tokens of the quickstart
+        # model: 3.1-3.6 s either way).
         return torch.bfloat16, "dtype bfloat16 autocast (training on a CPU with native bf16; dtype=float32 to turn off)"
     # CPUs without native bf16 emulate it slowly, and MPS autocast is still patchy: stay in fp32.
     return torch.float32, f"dtype float32 (default on {device.type})"
