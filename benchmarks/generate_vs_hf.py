@@ -5,14 +5,15 @@
 
 For each model shape: random weights (seeded; speed does not depend on them), exported with
 `gpt.interop.export` to a Hugging Face folder, which transformers loads (GPT2LMHeadModel for the
-gpt2 shape). Both decode the same prompts (--batches rows of 16 random token ids below 256, all
-of one length, so no padding; prompt + new tokens must fit the shape's context), cache on, fp32, on the CPU with the same threads, in one process,
-alternated A B A B (--repeats pairs); the figure is tokens/s of the new tokens, median of the
-repeats, prompt included in the time. Three tinygpt modes: `eager` (sample.py's default),
-`compiled` (sample.py compile=true: gpt.generation.compile_for_generation; its compile time is
-reported apart, and a warm inductor cache is what a second run of sample.py gets), and
-transformers `generate` (greedy: do_sample=False; sampled: temperature 1, top-k 50, both). Greedy
-output ids are compared token for token with transformers'.
+gpt2 shape). Both decode the same prompts (--batches rows of 16 random token ids below 256, all of
+one length, so no padding; prompt + new tokens must fit the shape's context), cache on, fp32, on the
+CPU with the same threads, in one process, alternated A B A B (--repeats pairs); the figure is
+tokens/s of the new tokens, median of the repeats, prompt included in the time. Three tinygpt modes:
+`eager` (sample.py's default), `compiled` (sample.py compile=true:
+gpt.generation.compile_for_generation; its compile time is reported apart, and a warm inductor cache
+is what a second run of sample.py gets), and transformers `generate` (greedy: do_sample=False;
+sampled: temperature 1, top-k 50, both). Greedy output ids are compared token for token with
+transformers'.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ ratio measured in one run. Two comparisons:
     python benchmarks/reference.py step [--steps 200] [--repeats 3] [--optim adamw]
         One process: the reference step and tinygpt's step alternated A B A B (--repeats pairs,
         --steps timed steps each after 10 warm-up steps), same model shape and block (GPT-2's:
-        model=gpt-micro), fp32 both (dtype=float32), same data, same threads. Prints each block, the medians, the ratio,
-        and the user / system CPU seconds per step of each (getrusage: all threads of the
-        process).
+        model=gpt-micro), fp32 both (dtype=float32), same data, same threads. Prints each block,
+        the medians, the ratio, and the user / system CPU seconds per step of each (getrusage:
+        all threads of the process).
 
     python benchmarks/reference.py e2e [--repeats 3] [--target 1.89] [tinygpt overrides ...]
         Whole processes alternated: the reference recipe (`reference.py run`) then `python

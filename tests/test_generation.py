@@ -424,21 +424,16 @@ def test_the_one_row_rewrite_leaves_autocast_and_other_dtypes_alone(fresh_dynamo
 def test_autocast_inside_the_graph_keeps_its_matmuls_and_a_disabled_one_does_not():
     """A graph that enters autocast itself keeps its linears; one that enters it switched off (as
     the recurrent models do around their fp32 recurrence) still gets the rewrite."""
-    from gpt.generation.compiled import rows_as_reductions
 
     def rewritten(enabled: bool) -> list[int]:
         counts: list[int] = []
-
-        def backend(gm, example_inputs):
-            counts.append(rows_as_reductions(gm))
-            return gm.forward
 
         def fn(x, w):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
                 return torch.nn.functional.linear(x, w)
 
         torch.compiler.reset()
-        torch.compile(fn, backend=backend)(torch.randn(1, 8), torch.randn(4, 8))
+        torch.compile(fn, backend=_rewriting_backend(counts))(torch.randn(1, 8), torch.randn(4, 8))
         torch.compiler.reset()
         return counts
 
@@ -458,16 +453,9 @@ def test_autocast_inside_the_graph_keeps_its_matmuls_and_a_disabled_one_does_not
     ids=["positional", "bias-kwarg", "weight-kwarg", "meta", "float64", "1-d-weight"],
 )
 def test_the_one_row_rewrite_takes_only_cpu_fp32_matrix_calls_it_knows(fresh_dynamo, call, expected):
-    from gpt.generation.compiled import rows_as_reductions
-
     counts: list[int] = []
-
-    def backend(gm, example_inputs):
-        counts.append(rows_as_reductions(gm))
-        return gm.forward
-
     x, w, b = torch.randn(1, 8), torch.randn(4, 8), torch.randn(4)
-    out = torch.compile(call, backend=backend)(x, w, b)
+    out = torch.compile(call, backend=_rewriting_backend(counts))(x, w, b)
     assert counts == [expected]
     if out.device.type == "cpu":
         assert torch.allclose(out, call(x, w, b), atol=1e-5)

@@ -80,22 +80,11 @@ def test_the_model_under_cpu_bf16_autocast_attends_in_fp32_and_computes_in_bf16(
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
-    cfg = GPTConfig(
-        vocab_size=64,
-        block_size=32,
-        n_layer=2,
-        n_head=2,
-        n_embd=32,
-        norm="rmsnorm",
-        pos_encoding="rope",
-        qk_norm=True,
-        bias=False,
-    )
-    model = GPT(cfg)
-    x = torch.randint(0, 64, (2, 32))
+    model = GPT(tiny(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False))
+    x = torch.randint(0, 64, (2, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, loss = model(x, x)
-        c_attn_out = model.transformer.h[0].attn.c_attn(torch.randn(2, 32, 32))
+        c_attn_out = model.transformer.h[0].attn.c_attn(torch.randn(2, 16, 16))
     loss.backward()
     assert seen == [(torch.float32,) * 3] * 2 and c_attn_out.dtype == torch.bfloat16 and torch.isfinite(loss)
 
