@@ -333,3 +333,42 @@ def weight_cast_counter(model, casts: dict[int, int]):
             return func(*args, **kwargs)
 
     return CountWeightCasts()
+
+
+def llama_folder(tmp_path: Path, data_root: Path) -> tuple[Path, Path]:
+    """A small LlamaForCausalLM folder with its tokenizer.json (a BPE of 400 tokens trained on
+    Tiny Shakespeare's first 200,000 characters), as a user has one on disk, and that text as a
+    file to finetune on: (folder, corpus)."""
+    import torch
+    import transformers
+
+    from gpt.tokenizers.bpe import train_bpe
+
+    text = (data_root / "tinyshakespeare" / "input.txt").read_text()[:200_000]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    bpe = train_bpe([text], 400)
+    config = transformers.LlamaConfig(
+        vocab_size=bpe.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    folder = tmp_path / "llama"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(bpe.json_text)
+    return folder, corpus
+
+
+def worker_pids(launcher: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the workers torchrun started (its children, by their RANK; Linux's /proc)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] != str(launcher.pid):
+                continue
+            env = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+        except OSError:
+            continue
+        if "RANK" in env:
+            found[int(env["RANK"])] = int(proc.name)
+    return found

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gpt.checkpoints import checkpoint, runs
-from helpers import REPO, hooked_pythonpath, run_script, sigterm_after_step_5
+from helpers import REPO, hooked_pythonpath, run_script, sigterm_after_step_5, worker_pids
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
 
@@ -84,23 +84,6 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     assert checkpoint.load(runs.latest(run_dir)).step == stopped_at + 3
 
 
-def _worker_pids(launcher: subprocess.Popen) -> dict[int, int]:
-    """{rank: pid} of the workers torchrun started (its children, by their RANK)."""
-    from pathlib import Path
-
-    found = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] != str(launcher.pid):
-                continue
-            env = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
-        except OSError:
-            continue
-        if "RANK" in env:
-            found[int(env["RANK"])] = int(proc.name)
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers through /proc")
 @pytest.mark.parametrize("when", ["in the loop", "during set-up"])
@@ -148,7 +131,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise
         for line in launcher.stdout:
             if line.startswith("step 5/"):
                 break
-        workers = _worker_pids(launcher)
+        workers = worker_pids(launcher)
         os.kill(workers[1], signal.SIGTERM)
     out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err[-3000:]

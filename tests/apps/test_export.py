@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpt.checkpoints import loading
-from helpers import assert_one_line_error, run_script
+from helpers import assert_one_line_error, llama_folder, run_script
 
 transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
 
@@ -59,21 +59,8 @@ def test_a_llama_folder_through_the_commands(tmp_path, data_root):
 
     from safetensors.torch import load_file
 
-    from gpt.tokenizers.bpe import train_bpe
-
     root, _ = data_root
-    text = (root / "tinyshakespeare" / "input.txt").read_text()[:200_000]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(text)
-    bpe = train_bpe([text], 400)
-    config = transformers.LlamaConfig(
-        vocab_size=bpe.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )  # fmt: skip
-    folder = tmp_path / "llama"
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    (folder / "tokenizer.json").write_text(bpe.json_text)
+    folder, corpus = llama_folder(tmp_path, root)
 
     sample = run_script("sample", [f"init_from={folder}", "prompt=ROMEO:", "max_new_tokens=8", "num_samples=1"], tmp_path, root)
     assert sample.returncode == 0 and "\nROMEO:" in sample.stdout, sample.stderr[-1500:]
