@@ -150,6 +150,7 @@ def test_the_default_config_is_the_schema_defaults():
         "dtype": "auto",
         "compile": "auto",
         "threads": None,
+        "distributed": "ddp",
     }
     assert compose("sample", []) == SampleConfig()
 

@@ -280,6 +280,9 @@ class RunConfig(DeviceSettings):
     # gpt2 | gpt2-medium | ... | a Hugging Face folder (GPT-2, Llama, Qwen) | a tinygpt checkpoint or run dir
     init_from: str | None = None
     compile: str = "auto"  # auto = on for CUDA | true | false
+    # under torchrun: ddp (each process holds the whole model) | fsdp (each holds 1/N of the weights,
+    # gradients and optimizer state: FSDP2; GPT models)
+    distributed: str = "ddp"
 
     def __post_init__(self) -> None:
         check_types(self, "")
@@ -287,3 +290,7 @@ class RunConfig(DeviceSettings):
         self.compile = self.compile.lower()  # compile=true arrives as "True"
         if self.compile not in ("auto", "true", "false"):
             raise TinyGPTError(f"compile={self.compile!r} is not understood; use compile=auto, compile=true or compile=false")
+        if self.distributed not in ("ddp", "fsdp"):
+            raise TinyGPTError(
+                f"distributed={self.distributed!r} is not understood; use distributed=ddp (the default) or distributed=fsdp"
+            )

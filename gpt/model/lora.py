@@ -62,11 +62,12 @@ def has_lora(state_dict: dict) -> bool:
     return any(".lora_A" in k for k in state_dict)
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The state dict the merged model would have, without touching the model: adapters folded
-    into their base weights, `.base.` dropped from the keys, adapter tensors left out."""
+    into their base weights, `.base.` dropped from the keys, adapter tensors left out. `state`:
+    the model's state dict when taken already (gathered whole from a sharded model)."""
     scales = {name: m.scale for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-    state = model.state_dict()
+    state = model.state_dict() if state is None else state
     out = {}
     for key, value in state.items():
         if ".lora_" in key:

@@ -27,6 +27,7 @@ from gpt.tracking import console_redirected, logger
 from gpt.tracking.records import RunRecords
 from gpt.training import saving
 from gpt.training import step as steps
+from gpt.training.sharding import is_sharded
 from gpt.training.state import Run, quiet
 
 STOP_CHECK_EVERY = 10  # steps between reads of the ranks' stop flags under torchrun (see _loop)
@@ -50,6 +51,9 @@ class Trainer:
         self.records = RunRecords()  # fit() opens the real ones on rank 0
         self.guard = steps.Guard()  # the non-finite verdicts not read yet
         self.tokens_in_interval = 0  # real tokens this rank trained on since the last log line
+        # A sharded model (FSDP2) runs only with every rank taking part, so every rank computes the
+        # samples training shows (the same text: same weights, same seed) and rank 0 shows them.
+        self.lockstep = is_sharded(run.model)
 
     # --- the public steps ------------------------------------------------------------------------
 
@@ -145,13 +149,16 @@ class Trainer:
             with console_redirected(shown):
                 stopped = self._loop(stop, bar, on_step, on_eval)
             stop.deferred = False  # the steps are done: a signal now skips what is left
-            if not stopped and stop.requested:  # it came during the last eval and save
+            # (sharded, every rank samples: all of them must agree that none was stopped)
+            requested = distributed.any_true(stop.requested, r.dist, r.rt.device) if self.lockstep else stop.requested
+            if not stopped and requested:  # it came during the last eval and save
                 r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
-            elif not stopped and self.ts.sample_tokens and r.dist.is_main:
+            elif not stopped and self.ts.sample_tokens and (r.dist.is_main or self.lockstep):
                 try:
                     text = self.sample(self.ts.sample_tokens)
-                    self.records.tb.text("sample", text, r.progress.step)
-                    r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
+                    if r.dist.is_main:
+                        self.records.tb.text("sample", text, r.progress.step)
+                        r.log(f"---------- sample at step {r.progress.step} ----------\n{text}\n" + "-" * 42)
                 except Preempted:
                     r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
                 except TinyGPTError as e:  # a diverged model has nothing to show; the run itself is done
@@ -286,10 +293,14 @@ class Trainer:
         self.evals_done += 1
         self.records.eval(step, losses["train"], losses["val"], p.best_val, elapsed_s=now)
         r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))
+        if self.lockstep and ts.eval_sample_tokens and all(math.isfinite(v) for v in losses.values()):
+            text = self.sample(ts.eval_sample_tokens)  # on every rank (see `lockstep`)
+            if r.dist.is_main:
+                self.records.tb.text("samples", text, step)
         if r.dist.is_main and all(math.isfinite(v) for v in losses.values()):  # a diverged model has nothing to show
             if r.tasks:
                 self._log_tasks(step, self.evaluate_tasks())
-            if ts.eval_sample_tokens:
+            if ts.eval_sample_tokens and not self.lockstep:
                 self.records.tb.text("samples", self.sample(ts.eval_sample_tokens), step)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
                 x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
 from gpt.config import AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
 from gpt.runtime import devices
+from gpt.training.sharding import shard_like
 
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon: they push every singular value
 # of the normalised matrix towards 1 in 5 steps, without needing to converge exactly.
@@ -159,6 +161,8 @@ class Muon(torch.optim.Optimizer):
         of equal-size stacks (a rank with one matrix fewer sends a zero one) gives every rank
         all of them. The momentum stays on every rank, so the optimizer state, and the
         checkpoint rank 0 writes, are what one process would hold."""
+        if isinstance(updates[0], DTensor):  # FSDP2: each process holds a slice of every matrix
+            return self._orthogonalize_sharded(updates, steps), None
         rank, world = _replicas()
         if world == 1:
             return list(orthogonalize(torch.stack(updates), steps, self.ns_dtype)), None
@@ -173,6 +177,16 @@ class Muon(torch.optim.Optimizer):
         exchange = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         work = exchange(gathered, local, async_op=True)
         return [gathered[(first + j) % world * share + j // world] for j in range(n)], work
+
+    def _orthogonalize_sharded(self, updates: list[DTensor], steps: int) -> list[DTensor]:
+        """Newton-Schulz on whole matrices under FSDP2: each update gathered whole (it is not
+        row-separable: every singular value depends on every row), orthogonalised, and cut back to
+        this process's rows. Every process orthogonalises every matrix: the same work N times,
+        which for the model sizes FSDP is for is small beside the step's matmuls."""
+        whole = torch.stack([u.full_tensor() for u in updates])
+        ortho = orthogonalize(whole, steps, self.ns_dtype)
+        # src_data_rank=None: every process holds the result whole, so each keeps its own rows
+        return [distribute_tensor(o, u.device_mesh, u.placements, src_data_rank=None) for o, u in zip(ortho, updates)]
 
 
 def _replicas() -> tuple[int, int]:
@@ -280,11 +294,14 @@ class Optimizers(torch.optim.Optimizer):
         for o in self.parts:
             state, groups, new = {}, [], 0
             for g in o.param_groups:
-                for old in next(old_ids)["params"]:
+                for param, old in zip(g["params"], next(old_ids)["params"]):  # as many (the layout fits)
                     if old in sd["state"] or str(old) in sd["state"]:
                         st = sd["state"].get(old, sd["state"].get(str(old)))
-                        # copied: the source may be another optimizer's live state
-                        state[new] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                        # copied (the source may be another optimizer's live state), and under FSDP2
+                        # cut to this process's shard of the parameter
+                        state[new] = {
+                            k: shard_like(v.clone(), param) if isinstance(v, torch.Tensor) else v for k, v in st.items()
+                        }
                     new += 1
                 groups.append(
                     {k: v for k, v in g.items() if k != "params"} | {"params": list(range(new - len(g["params"]), new))}

@@ -15,17 +15,20 @@ from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.model.lora import merged_state_dict
 from gpt.runtime import devices, distributed
+from gpt.training.sharding import gathered, is_sharded, local, whole_state_dict
 from gpt.training.state import Run
 
 
-def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Checkpoint:
+def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, whole: tuple[dict, dict] | None = None) -> Checkpoint:
     """What a checkpoint holds: with the training state (and LoRA adapters apart, to resume)
     given `rng` (every rank's random state), else the weights alone (adapters merged, for
-    sampling and export)."""
+    sampling and export). `whole`: the model's and the optimizer's state dicts gathered whole
+    (`whole_state`), where the run is sharded."""
     p, model, full = run.progress, checkpoint.unwrap(run.model), rng is not None
+    weights, optimizer = whole if whole is not None else (model.state_dict(), None)
     state = (
         TrainingState(
-            optimizer=run.optimizer.state_dict(),
+            optimizer=optimizer if optimizer is not None else run.optimizer.state_dict(),
             scaler=run.scaler.state_dict(),
             loader=run.batches.state_dict(),
             rng=rng,
@@ -40,7 +43,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
         else None
     )
     return Checkpoint(
-        model=model.state_dict() if (full or not run.lora) else merged_state_dict(model),
+        model=weights if (full or not run.lora) else merged_state_dict(model, weights),
         model_config=registry.config_to_dict(run.model_config),
         tokenizer=run.data.tokenizer.to_dict(),
         step=p.step,
@@ -52,6 +55,18 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None) -> Check
     )
 
 
+def whole_state(run: Run) -> tuple[dict, dict] | None:
+    """Under FSDP2, the model's and the optimizer's state dicts with every shard gathered (every
+    rank must call; rank 0 keeps and writes them): the checkpoint is then the one an unsharded run
+    of the same model writes, read by every command and resumable at any number of processes.
+    (Rank 0 holds the whole state in CPU memory while it writes; a sharded save through
+    torch.distributed.checkpoint would not, and is not built yet.) None when not sharded."""
+    if not is_sharded(run.model):
+        return None
+    keep = run.dist.is_main
+    return whole_state_dict(run.model, keep), gathered(run.optimizer.state_dict(), keep)
+
+
 def healthy(run: Run, last_eval: dict[str, float]) -> bool:
     """Whether the state is fit to save: no streak of non-finite steps open, a finite eval, and
     finite weights (a huge learning rate can overflow them before any loss shows it). Every
@@ -59,7 +74,7 @@ def healthy(run: Run, last_eval: dict[str, float]) -> bool:
     finite = run.progress.bad_in_a_row == 0 and all(math.isfinite(v) for v in last_eval.values())
     if finite:
         with torch.no_grad():
-            finite = bool(torch.stack([p.isfinite().all() for p in run.model.parameters()]).all())
+            finite = bool(torch.stack([local(p).isfinite().all() for p in run.model.parameters()]).all())
     return not distributed.any_true(not finite, run.dist, run.rt.device)
 
 
@@ -73,12 +88,13 @@ def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> P
         return runs.latest(run.out_dir)
     path = run.ckpt_dir / runs.step_file(run.progress.step)
     rng = distributed.gather(devices.rng_state(run.rt.device), run.dist)  # every rank's own
+    whole = whole_state(run)
     failed: TinyGPTError | None = None
     if run.dist.is_main:
         try:
             if best:
-                checkpoint.save(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None))
-            checkpoint.save(path, fill(run, last_eval, rng=rng))
+                checkpoint.save(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None, whole=whole))
+            checkpoint.save(path, fill(run, last_eval, rng=rng, whole=whole))
             runs.prune(run.out_dir, keep_last)
         except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
             failed = e

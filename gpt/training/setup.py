@@ -1,7 +1,7 @@
 """Everything a training run needs, built once and in order by `build_run(settings) -> Run`:
 
     runtime and processes -> where it resumes from -> data -> model (+ finetuning, LoRA)
-    -> optimizer, loss scaler, batches -> restored state -> compiled / DDP-wrapped model
+    -> sharded (FSDP2) -> optimizer, loss scaler, batches -> restored state -> compiled / DDP-wrapped model
 
 Every check that needs no data runs before the data is touched (gpt.training.start), so a typo
 fails in a second. Set-up changes none of its input: what it resolves (the horizon from a compute
@@ -32,6 +32,7 @@ from gpt.model import compute, registry
 from gpt.runtime import devices, distributed
 from gpt.tokenizers import require_same
 from gpt.tracking import ensure_console_logging, logger
+from gpt.training import sharding
 from gpt.training.finetune import initial_model, prepare_finetune
 from gpt.training.optim import CosineSchedule, build_optimizer
 from gpt.training.start import Claim, preflight
@@ -60,7 +61,12 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(runs.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg = replace(cfg, paths=replace(cfg.paths, output_dir=str(out_dir), data_dir=str(cfg.paths.data_root())))  # as used
     source = _resume_source(cfg, out_dir, dist, log, claim.point if claim is not None else None)
-    log(rt.describe() + (f"; DDP over {dist.world_size} processes" if dist.enabled else ""))
+    sharded = cfg.distributed == "fsdp" and dist.enabled
+    log(rt.describe() + (f"; {'FSDP2' if sharded else 'DDP'} over {dist.world_size} processes" if dist.enabled else ""))
+    if cfg.distributed == "fsdp" and not dist.enabled:
+        log(
+            "notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains whole"
+        )
     # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
     # generator, seeded alike on every rank; see RandomWindows.)
     devices.seed_everything(cfg.seed + dist.rank)
@@ -84,15 +90,19 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     cfg = replace(cfg, finetune=_finetune_settings(cfg, resumed, log))
     lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
     model = model.to(rt.device)
-    optimizer = build_optimizer(model, cfg.optim, rt.device)
+    if resumed is not None:  # whole weights into the whole model, before any sharding
+        _load_weights(resumed, source, model)
+    if sharded:
+        model = sharding.shard(model, rt)
+    optimizer = build_optimizer(model, cfg.optim, rt.device)  # after sharding: it steps the shards
     batches = data.batches(
         "train", model_config.block_size, cfg.train.batch_size, rt.device, cfg.seed, dist.rank, dist.world_size
     )
     for notice in notices:
         log(notice)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
-    progress = _restore(resumed, source, cfg, model, optimizer, scaler, batches, dist, log) if resumed is not None else Progress()
-    step_model, eval_model = _wrap(model, rt, dist)
+    progress = _restore(resumed, source, cfg, optimizer, scaler, batches, dist, log) if resumed is not None else Progress()
+    step_model, eval_model = (model, model) if sharded else _wrap(model, rt, dist)  # shard() compiled its blocks
     run = Run(
         cfg=cfg,
         dist=dist,
@@ -273,16 +283,27 @@ def _finetune_settings(cfg: RunConfig, resumed: Checkpoint | None, log):
     return ft
 
 
-def _restore(ckpt: Checkpoint, path: Path, cfg: RunConfig, model, optimizer, scaler, batches, dist, log) -> Progress:
-    state = ckpt.training
-    if state is None:
+def _load_weights(ckpt: Checkpoint, path: Path, model: nn.Module) -> None:
+    if ckpt.training is None:
         raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
     try:
         model.load_state_dict(ckpt.model)
+    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
+        raise _unfit(path, e) from None
+
+
+def _unfit(path: Path, e: Exception) -> TinyGPTError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return TinyGPTError(f"{path}: its weights or optimizer state do not fit this run ({first})")
+
+
+def _restore(ckpt: Checkpoint, path: Path, cfg: RunConfig, optimizer, scaler, batches, dist, log) -> Progress:
+    """Everything of a resumed run but its weights (loaded before sharding: `_load_weights`)."""
+    state = ckpt.training
+    try:
         optimizer.load_state_dict(state.optimizer)
     except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TinyGPTError(f"{path}: its weights or optimizer state do not fit this run ({first})") from None
+        raise _unfit(path, e) from None
     if scaler.is_enabled() and state.scaler:  # an fp32/bf16 run's scaler state is empty
         scaler.load_state_dict(state.scaler)
     batches.load_state_dict(state.loader)

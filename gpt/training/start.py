@@ -40,11 +40,41 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
         _check_tokenizer_kind(point.checkpoint, settings)
     if settings.init_from:
         loading.check(settings.init_from)
+    dtype = None
     if here:
         device, _ = devices.pick_device(settings.device)
-        devices.pick_dtype(device, settings.dtype, training=True)
+        dtype, _ = devices.pick_dtype(device, settings.dtype, training=True)
         devices.pick_compile(device, settings.compile)
+    if settings.distributed == "fsdp":
+        _check_fsdp(settings, dtype)
     return point
+
+
+def _check_fsdp(settings: RunConfig, dtype) -> None:
+    """What distributed=fsdp does not cover (yet): recurrent models (nothing to shard by block),
+    fp16 loss scaling, and the evaluations that run the model on rank 0 alone (a sharded model
+    runs only with every process taking part)."""
+    import torch
+
+    from gpt.config.model import RNNConfig
+
+    if isinstance(settings.model, RNNConfig):
+        raise TinyGPTError(
+            f"distributed=fsdp shards a GPT block by block; model.arch={settings.model.arch} is recurrent: use distributed=ddp"
+        )
+    if dtype == torch.float16:
+        raise TinyGPTError("distributed=fsdp trains in bfloat16 or float32, not float16; pass dtype=bfloat16 or dtype=float32")
+    ts = settings.train
+    for name, on in (
+        ("eval_tasks", bool(ts.eval_tasks)),
+        ("histogram_every", ts.histogram_every),
+        ("attention_every", ts.attention_every),
+    ):
+        if on:
+            raise TinyGPTError(
+                f"train.{name} is not available with distributed=fsdp (it runs the model on rank 0 alone); "
+                f"drop it, or use distributed=ddp"
+            )
 
 
 @dataclass

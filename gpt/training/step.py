@@ -12,12 +12,15 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.checkpoints import runs
 from gpt.errors import TinyGPTError
 from gpt.runtime import distributed
 from gpt.tracking import logger
+from gpt.training.sharding import is_sharded
 from gpt.training.state import Run
 
 
@@ -42,9 +45,12 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
     weights = _token_weights([m[2] for m in micro], accum_steps, rt.device, dist)
     total = torch.zeros((), device=rt.device)
     for i, (x, y, trained, _) in enumerate(micro):
-        # Under DDP, gradients are all-reduced on the last micro-batch only.
-        sync = i == accum_steps - 1 or not isinstance(model, DDP)
-        with contextlib.nullcontext() if sync else model.no_sync():
+        # Under DDP, gradients are all-reduced on the last micro-batch only; under FSDP2 they are
+        # reduce-scattered then (held whole on each process until that one).
+        last = i == accum_steps - 1
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(last)
+        with contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
             with rt.autocast():  # the forward pass only; backward runs in the dtypes it recorded
                 _, loss = model(x, y)
             if trained == 0:  # nothing to learn from (a mean over no tokens is NaN): a zero gradient
@@ -54,6 +60,8 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
     scaler.unscale_(optimizer)  # clip and measure true gradients, not loss-scaled ones
     params = [p for group in optimizer.param_groups for p in group["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    if isinstance(norm, DTensor):  # FSDP2: the norm over every process's shards, reduced when read whole
+        norm = norm.full_tensor()
     tokens = sum(m[3] if m[3] is not None else m[0].numel() for m in micro)
     return StepResult(total, norm, tokens)
 
@@ -118,9 +126,11 @@ def apply_or_skip(run: Run, result: StepResult, guard: Guard) -> None:
     else:
         bad = torch.isfinite(torch.stack([result.loss.float(), result.norm.float()])).all().logical_not().float()
         bad = distributed.max_tensor(bad, run.dist)  # the same verdict on every rank, still on the device
-        if run.rt.device.type == "cpu":
+        if run.rt.device.type == "cpu" or is_sharded(run.model):
             # On a CPU a read is no sync (nothing runs ahead of the host), and skipping by a branch
-            # spares step_unless's masking (~1% of the quickstart's step): the same result.
+            # spares step_unless's masking (~1% of the quickstart's step): the same result. Under
+            # FSDP2 the masking would mix the flag (a plain tensor) into sharded tensors, which
+            # DTensor refuses: there the branch costs a GPU a sync per step.
             if not bool(bad):
                 run.optimizer.step()
         else:

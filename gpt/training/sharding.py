@@ -1,0 +1,100 @@
+"""FSDP2 (`distributed=fsdp`): every process holds 1/N of each parameter, its gradient and its
+optimizer state, and gathers a block's full weights only while that block runs.
+
+torch's `fully_shard` does the sharding (per-parameter DTensors, one all-gather per block forward
+and backward, one reduce-scatter of the gradients); this module applies it to a GPT and moves
+whole tensors in and out of the sharded world: a run's checkpoints hold full tensors, gathered
+here, in the format every other command reads (sample, eval, serve, export, a resume at any
+number of processes), and a resume slices them back into this process's shards.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from gpt.runtime import devices
+
+
+def shard(model: nn.Module, rt: devices.Runtime) -> nn.Module:
+    """`model` (a GPT on this process's device, in every process) sharded in place over the
+    default process group: each transformer block one unit (its weights gathered for its own
+    forward and backward only), the root the rest (the tied embedding and LM head, the final
+    norm). Compiled block by block when `rt.compile` (a compiled block is one graph; the
+    collectives between blocks stay outside it). On CUDA with bf16, the gathered weights are bf16
+    and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32."""
+    if not next(model.parameters()).is_meta:  # a meta-device model (shapes only) has no values to agree on
+        _broadcast_from_rank_0(model)
+    policy = MixedPrecisionPolicy()
+    if rt.device.type == "cuda" and rt.dtype == torch.bfloat16:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.transformer.h:
+        if rt.compile:
+            block.compile()
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+@torch.no_grad()
+def _broadcast_from_rank_0(model: nn.Module) -> None:
+    """Every process initialised its own weights (seeds differ by rank, for dropout): rank 0's
+    are the model's, as DDP makes them when it wraps. (fully_shard keeps each process's slice of
+    whatever that process holds, so without this the shards would be of different models.)"""
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of `t` (t itself when it is not sharded)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def gathered(value, keep: bool = True):
+    """`value` (a tensor, or dicts and lists of them: a state dict, an optimizer's) with every
+    sharded tensor gathered whole, on the CPU. A collective: every process calls it, with state of
+    the same layout; where `keep` is false (every rank but the writer) each whole tensor is
+    dropped as soon as it is gathered, so that only one process ever holds the whole state.
+    (torch's get_state_dict(full_state_dict=True, cpu_offload=True) does this for the model, but
+    keys an optimizer's state by parameter name; tinygpt checkpoints key it by position, so one
+    walk serves both.)"""
+    if isinstance(value, DTensor):
+        whole = value.full_tensor()
+        return whole.cpu() if keep else None
+    if isinstance(value, dict):
+        return {k: gathered(v, keep) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(gathered(v, keep) for v in value)
+    return value
+
+
+def whole_state_dict(model: nn.Module, keep: bool = True) -> dict | None:
+    """The sharded `model`'s state dict gathered whole (see `gathered`), with a tied weight (the
+    embedding and the LM head) one tensor under both names, as an unsharded model's is saved."""
+    state = gathered(model.state_dict(), keep)
+    if not keep:
+        return None
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for first, *others in names.values():
+        for name in others:
+            state[name] = state[first]
+    return state
+
+
+def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A whole tensor of `param`'s shape (an optimizer moment from a checkpoint) cut to this
+    process's shard of `param`, the way `param` is cut; anything else is returned as it is."""
+    if isinstance(param, DTensor) and not isinstance(value, DTensor) and value.shape == param.shape:
+        # src_data_rank=None: every process holds the whole tensor already, so each slices its own
+        # part locally instead of receiving it from rank 0
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+    return value

@@ -1,0 +1,190 @@
+"""distributed=fsdp (gpt/training/sharding.py): two CPU processes under torchrun (gloo), each
+holding half of every weight, gradient and optimizer moment, train like one process with twice
+the batch; their checkpoints resume at 2, 1 and 4 processes and after a kill -9, and export.
+Run: pytest tests/test_fsdp.py"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpt.checkpoints import checkpoint, loading, runs
+from helpers import REPO, llama_folder, run_script, worker_pids
+
+# fp32 training and Newton-Schulz: the comparison is of the sharding, not of bf16's rounding
+EXACT = ["dtype=float32", "device=cpu", "threads=1"]
+MUON = ["optim=muon", "optim.ns_dtype=float32"]
+SMALL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16"]
+SHAPES = {"gpt2-block": ["model=gpt-micro", *SMALL], "llama": ["model=llama-nano", *SMALL, "model.mlp_hidden=64"]}
+
+
+def _torchrun(n: int, args: list[str], cwd, root, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(REPO / "train.py")]
+    return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def _metrics(run_dir, kind) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if r["kind"] == kind}
+
+
+def _losses(run_dir) -> dict[int, float]:
+    return {s: r["loss"] for s, r in _metrics(run_dir, "train").items()}
+
+
+def _max_diff(a: dict, b: dict, key: str) -> float:
+    assert sorted(a) == sorted(b)
+    return max(abs(a[s][key] - b[s][key]) for s in a)
+
+
+def test_fsdp_in_one_process_says_so_once_and_trains(tmp_path, data_root):
+    root, data = data_root
+    proc = run_script("train.py", ["debug=tiny", *data, "distributed=fsdp", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("notice: distributed=fsdp shards the model over the processes torchrun starts") == 1
+    assert runs.latest(tmp_path / "run") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim):
+    """20 steps, the same global batch: losses and evals within 1e-5 of one process, with the
+    sample training shows at every eval and at the end computed by both ranks in lockstep; the
+    checkpoint holds whole tensors (the same weights as one process's)."""
+    root, data = data_root
+    args = [
+        *data,
+        *SHAPES[shape],
+        *(MUON if optim == "muon" else ["optim=adamw"]),
+        *EXACT,
+        "train.max_iters=20",
+        "train.eval_interval=10",
+    ]
+    args += ["train.eval_iters=2", "train.log_interval=1", "optim.warmup_iters=5", "train.sample_tokens=20"]
+    one = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _torchrun(2, [*args, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "FSDP2 over 2 processes" in two.stdout and "global batch of 128" in two.stdout
+    assert "sample at step 20" in two.stdout and two.stdout.count("sample at step 20") == 1  # rank 0 shows it
+    assert len(_metrics(tmp_path / "one", "train")) == 20
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= 1e-5
+    assert _max_diff(_metrics(tmp_path / "one", "eval"), _metrics(tmp_path / "two", "eval"), "val") <= 1e-5
+    a, b = (checkpoint.load(runs.latest(tmp_path / d)) for d in ("one", "two"))
+    assert a.model.keys() == b.model.keys() and all(a.model[k].shape == b.model[k].shape for k in a.model)
+    assert max((a.model[k] - b.model[k]).abs().max().item() for k in a.model) <= 1e-5
+    tied = [ck.model["lm_head.weight"].data_ptr() == ck.model["transformer.wte.weight"].data_ptr() for ck in (a, b)]
+    assert tied[0] == tied[1] == (shape == "gpt2-block")  # a tied weight saved once, as one process saves it
+    state_a, state_b = a.training.optimizer["state"], b.training.optimizer["state"]
+    assert all(state_a[i][k].shape == state_b[i][k].shape for i in state_a for k in state_a[i])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers through /proc")
+def test_a_sharded_checkpoint_resumes_at_2_1_and_4_processes_and_after_a_kill(tmp_path, data_root):
+    """A 2-process FSDP run stopped by SIGTERM to rank 1 saves once and exits 0 on both ranks;
+    resumed at 2 processes it ends bitwise as the uninterrupted run, at 1 and at 4 processes
+    (the same global batch) within float tolerance; a single-process checkpoint resumes under
+    FSDP; a run whose rank 1 is killed -9 reruns to the uninterrupted run's end bitwise."""
+    root, data = data_root
+    args = [*data, *SHAPES["llama"], *MUON, *EXACT, "train.max_iters=24", "train.eval_interval=8"]
+    args += ["train.eval_iters=2", "train.log_interval=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    fsdp = ["distributed=fsdp", "train.batch_size=4"]
+    reference = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={tmp_path / 'reference'}"], tmp_path, root)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _metrics(tmp_path / "reference", "train")
+
+    stopped_dir = tmp_path / "stopped"
+    out = _stop_rank_1(2, [*args, *fsdp, f"hydra.run.dir={stopped_dir}"], tmp_path, root, signal.SIGTERM, after=5)
+    assert out.returncode == 0 and out.stdout.count("stopped at step") == 1, out.stderr[-3000:]
+    stopped_at = checkpoint.load(runs.latest(stopped_dir)).step
+    assert stopped_at >= 5
+    for name in ("at-1", "at-4"):
+        shutil.copytree(stopped_dir, tmp_path / name)
+
+    again = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={stopped_dir}"], tmp_path, root)
+    assert again.returncode == 0 and f"at step {stopped_at}" in again.stdout, again.stderr[-3000:]
+    assert _losses(stopped_dir) == _losses(tmp_path / "reference")  # bitwise, before the stop and after
+    ours, theirs = (checkpoint.load(runs.latest(d)).model for d in (stopped_dir, tmp_path / "reference"))
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+    after = {s: r for s, r in expected.items() if s > stopped_at}
+    at_1 = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'at-1'}"], tmp_path, root)
+    assert at_1.returncode == 0 and "random streams restart" in at_1.stdout, at_1.stderr[-2000:]
+    at_4 = _torchrun(4, [*args, "distributed=fsdp", "train.batch_size=2", f"hydra.run.dir={tmp_path / 'at-4'}"], tmp_path, root)
+    assert at_4.returncode == 0 and "FSDP2 over 4 processes" in at_4.stdout, at_4.stderr[-3000:]
+    for name in ("at-1", "at-4"):
+        resumed = {s: r for s, r in _metrics(tmp_path / name, "train").items() if s > stopped_at}
+        assert _max_diff(resumed, after, "loss") <= 1e-4, name
+
+    # 1 -> 2: a single-process run's checkpoint, continued sharded
+    first_8 = ["train.batch_size=8", "train.max_iters=8", "optim.decay_iters=24", f"hydra.run.dir={tmp_path / 'from-1'}"]
+    single = run_script("train.py", [*args, *first_8], tmp_path, root)
+    assert single.returncode == 0, single.stderr[-2000:]
+    grown = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={tmp_path / 'from-1'}"], tmp_path, root)
+    assert grown.returncode == 0 and "at step 8" in grown.stdout, grown.stderr[-3000:]
+    continued = {s: r for s, r in _metrics(tmp_path / "from-1", "train").items() if s > 8}
+    assert _max_diff(continued, {s: r for s, r in expected.items() if s > 8}, "loss") <= 1e-4
+
+    killed_dir = tmp_path / "killed"
+    killed = _stop_rank_1(2, [*args, *fsdp, f"hydra.run.dir={killed_dir}"], tmp_path, root, signal.SIGKILL, after=10)
+    assert killed.returncode != 0
+    assert checkpoint.load(runs.latest(killed_dir)).step == 8  # the eval checkpoint before the kill
+    rerun = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={killed_dir}"], tmp_path, root)
+    assert rerun.returncode == 0 and "at step 8" in rerun.stdout, rerun.stderr[-3000:]
+    assert _losses(killed_dir) == _losses(tmp_path / "reference")
+
+
+def _stop_rank_1(n: int, args: list[str], cwd, root, sig, after: int) -> subprocess.CompletedProcess:
+    """torchrun with `args`, `sig` sent to rank 1 once rank 0 has logged step `after`."""
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(REPO / "train.py")]
+    proc = subprocess.Popen([*launch, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(f"step {after}/"):
+            break
+    os.kill(worker_pids(proc)[1], sig)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + out, err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [0, 4])
+def test_a_llama_folder_finetuned_sharded_trains_like_one_process_and_exports(tmp_path, data_root, lora):
+    """An imported Llama folder finetuned under FSDP2 (LoRA rank 4, or every weight): losses
+    within 1e-5 of one process over 20 steps; `tinygpt export` of the sharded run gives a folder
+    transformers loads with the run's logits."""
+    transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
+    root, _ = data_root
+    folder, corpus = llama_folder(tmp_path, root)
+    args = [
+        f"init_from={folder}", "data=local", f"data.source.path={corpus}", "data.name=llama_ft", "data.split_by=tail",
+        "data.tokenizer.kind=hf", f"data.tokenizer.name={folder}", f"finetune.lora_rank={lora}", "optim=adamw",
+        "train.eval_iters=2", "train.eval_interval=10", "train.sample_tokens=0", "train.log_interval=1",
+        "finetune.block_size=32", "train.max_iters=20", *EXACT,
+    ]  # fmt: skip
+    one = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _torchrun(2, [*args, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, root)
+    assert two.returncode == 0 and "FSDP2 over 2 processes" in two.stdout, two.stderr[-3000:]
+    assert ("LoRA" in two.stdout) == bool(lora)
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= 1e-5
+
+    exported = run_script("export", [f"run_dir={tmp_path / 'two'}", f"out={tmp_path / 'hf'}"], tmp_path, root)
+    assert exported.returncode == 0 and "LlamaForCausalLM" in exported.stdout, exported.stderr[-2000:]
+    ours = loading.load(str(tmp_path / "two")).model.eval()
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, ours.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
