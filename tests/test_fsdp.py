@@ -54,18 +54,31 @@ def test_fsdp_in_one_process_says_so_once_and_trains(tmp_path, data_root):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim", ["adamw", "muon"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim):
+@pytest.mark.parametrize(
+    "shape, optim, extra",
+    [
+        ("gpt2-block", "adamw", []),
+        ("gpt2-block", "muon", []),
+        ("llama", "adamw", []),
+        ("llama", "muon", []),
+        # compiled block by block, recomputing activations in the backward pass; the one process
+        # compiles its whole model, so kernels are fused differently: 1e-4
+        ("llama", "muon", ["compile=true", "model.activation_checkpointing=true"]),
+    ],
+    ids=["gpt2-block-adamw", "gpt2-block-muon", "llama-adamw", "llama-muon", "llama-muon-compiled-recomputing"],
+)
+def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim, extra):
     """20 steps, the same global batch: losses and evals within 1e-5 of one process, with the
     sample training shows at every eval and at the end computed by both ranks in lockstep; the
     checkpoint holds whole tensors (the same weights as one process's)."""
     root, data = data_root
+    tolerance = 1e-4 if extra else 1e-5
     args = [
         *data,
         *SHAPES[shape],
         *(MUON if optim == "muon" else ["optim=adamw"]),
         *EXACT,
+        *extra,
         "train.max_iters=20",
         "train.eval_interval=10",
     ]
@@ -77,11 +90,11 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim)
     assert "FSDP2 over 2 processes" in two.stdout and "global batch of 128" in two.stdout
     assert "sample at step 20" in two.stdout and two.stdout.count("sample at step 20") == 1  # rank 0 shows it
     assert len(_metrics(tmp_path / "one", "train")) == 20
-    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= 1e-5
-    assert _max_diff(_metrics(tmp_path / "one", "eval"), _metrics(tmp_path / "two", "eval"), "val") <= 1e-5
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= tolerance
+    assert _max_diff(_metrics(tmp_path / "one", "eval"), _metrics(tmp_path / "two", "eval"), "val") <= tolerance
     a, b = (checkpoint.load(runs.latest(tmp_path / d)) for d in ("one", "two"))
     assert a.model.keys() == b.model.keys() and all(a.model[k].shape == b.model[k].shape for k in a.model)
-    assert max((a.model[k] - b.model[k]).abs().max().item() for k in a.model) <= 1e-5
+    assert max((a.model[k] - b.model[k]).abs().max().item() for k in a.model) <= tolerance
     tied = [ck.model["lm_head.weight"].data_ptr() == ck.model["transformer.wte.weight"].data_ptr() for ck in (a, b)]
     assert tied[0] == tied[1] == (shape == "gpt2-block")  # a tied weight saved once, as one process saves it
     state_a, state_b = a.training.optimizer["state"], b.training.optimizer["state"]
