@@ -148,9 +148,14 @@ class Trainer:
             stop.deferred = True  # from here a signal is answered between steps, with a checkpoint
             with console_redirected(shown):
                 stopped = self._loop(stop, bar, on_step, on_eval)
-            stop.deferred = False  # the steps are done: a signal now skips what is left
-            # (sharded, every rank samples: all of them must agree that none was stopped)
-            requested = distributed.any_true(stop.requested, r.dist, r.rt.device) if self.lockstep else stop.requested
+            if self.lockstep:
+                # Sharded, every rank samples: they agree on whether a signal came, and one coming
+                # during the sample only sets the flag (a rank leaving mid-sample would strand the
+                # others in its all-gathers); the sample takes seconds, then the run ends.
+                requested = distributed.any_true(stop.requested, r.dist, r.rt.device)
+            else:
+                stop.deferred = False  # the steps are done: a signal now skips what is left
+                requested = stop.requested
             if not stopped and requested:  # it came during the last eval and save
                 r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
             elif not stopped and self.ts.sample_tokens and (r.dist.is_main or self.lockstep):
@@ -163,6 +168,7 @@ class Trainer:
                     r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
                 except TinyGPTError as e:  # a diverged model has nothing to show; the run itself is done
                     r.log(f"notice: no final sample: {e}")
+            stop.deferred = False
             status = "interrupted" if stopped else "finished"
             self.records.summary.update(
                 status=status, step=r.progress.step, wall_s=time.time() - self.t_start, elapsed_s=self.elapsed()

@@ -1,8 +1,8 @@
 """Parameter groups, the optimizers (AdamW, and Muon for the hidden matrices) and the LR schedule.
 
 AdamW is torch.optim.AdamW (its fused kernel where the device has one); Muon is a
-torch.optim.Optimizer of its own (see `Muon` for why not torch's; under DDP its ranks share the
-Newton-Schulz work); `Optimizers` holds the run's optimizers as one torch optimizer, and skips a
+torch.optim.Optimizer of its own (see `Muon` for why not torch's; under DDP and FSDP2 its ranks share
+the Newton-Schulz work); `Optimizers` holds the run's optimizers as one torch optimizer, and skips a
 step on a flag that stays on the device (`Optimizers.step_unless`). Being torch.optim optimizers
 costs the first step an import of torch._dynamo (torch.optim's step is wrapped by it), measured
 in docs/performance.md; what it buys is everything built on torch.optim.Optimizer: LR schedulers,
@@ -138,17 +138,33 @@ class Muon(torch.optim.Optimizer):
         by_shape: dict[torch.Size, list[int]] = {}
         for i, p in enumerate(params):
             by_shape.setdefault(p.shape, []).append(i)
+        if isinstance(params[0], DTensor):
+            # FSDP2: whole matrices exist only while they are orthogonalised, so `world` at a time
+            # (one per process), each applied before the next are gathered: a step never holds
+            # more than 2 x world whole matrices, however large the model.
+            world, first = _replicas()[1], 0
+            for shape, idx in by_shape.items():
+                for start in range(0, len(idx), world):
+                    chunk = idx[start : start + world]
+                    ortho = self._orthogonalize_sharded([updates[i] for i in chunk], group["ns_steps"], first)
+                    self._apply(params, lr, shape, chunk, ortho, None)
+                    first += len(chunk)
+            return
         started, first = [], 0
         for shape, idx in by_shape.items():
             started.append((shape, idx, *self._orthogonalize([updates[i] for i in idx], group["ns_steps"], first)))
             first += len(idx)
-        for shape, idx, ortho, exchange in started:
-            if exchange is not None:
-                exchange.wait()  # NCCL: the compute stream waits on the device, not the host
-            # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
-            scale = math.sqrt(max(1.0, shape[0] / shape[1]))
-            for j, i in enumerate(idx):
-                params[i].add_(ortho[j], alpha=-lr * scale)
+        for entry in started:
+            self._apply(params, lr, *entry)
+
+    @staticmethod
+    def _apply(params: list[torch.Tensor], lr, shape, idx: list[int], ortho: list[torch.Tensor], exchange) -> None:
+        if exchange is not None:
+            exchange.wait()  # NCCL: the compute stream waits on the device, not the host
+        # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
+        scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+        for j, i in enumerate(idx):
+            params[i].add_(ortho[j], alpha=-lr * scale)
 
     def _orthogonalize(self, updates: list[torch.Tensor], steps: int, first: int) -> tuple[list[torch.Tensor], dist.Work | None]:
         """Newton-Schulz on `updates`, matrices of one shape: returns their orthogonalised
@@ -161,8 +177,6 @@ class Muon(torch.optim.Optimizer):
         of equal-size stacks (a rank with one matrix fewer sends a zero one) gives every rank
         all of them. The momentum stays on every rank, so the optimizer state, and the
         checkpoint rank 0 writes, are what one process would hold."""
-        if isinstance(updates[0], DTensor):  # FSDP2: each process holds a slice of every matrix
-            return self._orthogonalize_sharded(updates, steps), None
         rank, world = _replicas()
         if world == 1:
             return list(orthogonalize(torch.stack(updates), steps, self.ns_dtype)), None
@@ -178,21 +192,21 @@ class Muon(torch.optim.Optimizer):
         work = exchange(gathered, local, async_op=True)
         return [gathered[(first + j) % world * share + j // world] for j in range(n)], work
 
-    def _orthogonalize_sharded(self, updates: list[DTensor], steps: int) -> list[DTensor]:
-        """Newton-Schulz on whole matrices under FSDP2: each update gathered whole (it is not
-        row-separable: every singular value depends on every row), orthogonalised, and cut back to
-        this process's rows. Every process orthogonalises every matrix: the same work N times,
-        which for the model sizes FSDP is for is small beside the step's matmuls."""
-        whole = torch.stack([u.full_tensor() for u in updates])
-        ortho = orthogonalize(whole, steps, self.ns_dtype)
+    def _orthogonalize_sharded(self, updates: list[DTensor], steps: int, first: int) -> list[DTensor]:
+        """Newton-Schulz on whole matrices under FSDP2: each update gathered whole (it does not
+        split by rows: every singular value depends on every row), the matrices shared out among
+        the processes as under DDP (each orthogonalises its share, the results are exchanged),
+        and each result cut back to this process's rows."""
+        ortho, exchange = self._orthogonalize([u.full_tensor() for u in updates], steps, first)
+        if exchange is not None:
+            exchange.wait()
         # src_data_rank=None: every process holds the result whole, so each keeps its own rows
         return [distribute_tensor(o, u.device_mesh, u.placements, src_data_rank=None) for o, u in zip(ortho, updates)]
 
 
 def _replicas() -> tuple[int, int]:
-    """(rank, world size) of the processes holding replicas of the model (DDP's default process
-    group), or (0, 1) in one process. Not for sharded parameters (FSDP2): each rank would then
-    hold parts of the matrices, not copies."""
+    """(rank, world size) of the default process group (DDP's replicas; FSDP2's shards, whose
+    matrices `_orthogonalize_sharded` makes whole first), or (0, 1) in one process."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -297,11 +311,9 @@ class Optimizers(torch.optim.Optimizer):
                 for param, old in zip(g["params"], next(old_ids)["params"]):  # as many (the layout fits)
                     if old in sd["state"] or str(old) in sd["state"]:
                         st = sd["state"].get(old, sd["state"].get(str(old)))
-                        # copied (the source may be another optimizer's live state), and under FSDP2
-                        # cut to this process's shard of the parameter
-                        state[new] = {
-                            k: shard_like(v.clone(), param) if isinstance(v, torch.Tensor) else v for k, v in st.items()
-                        }
+                        # copied (the source may be another optimizer's live state, or mapped from a
+                        # file), and under FSDP2 cut to this process's shard of the parameter
+                        state[new] = {k: shard_like(v, param) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
                     new += 1
                 groups.append(
                     {k: v for k, v in g.items() if k != "params"} | {"params": list(range(new - len(g["params"]), new))}

@@ -71,7 +71,9 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     # generator, seeded alike on every rank; see RandomWindows.)
     devices.seed_everything(cfg.seed + dist.rank)
 
-    resumed = checkpoint.load(source) if source else None
+    # Mapped, not read, under FSDP2: each process then takes its shards from pages the node's
+    # processes share, instead of every process holding the whole state privately.
+    resumed = checkpoint.load(source, mmap=sharded) if source else None
     # The weights a new finetune starts from, loaded once: conversations are tokenized with their
     # tokenizer (a resumed finetune's checkpoint has it).
     base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout)) if cfg.init_from and resumed is None else None

@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from gpt.errors import TinyGPTError
 from gpt.runtime import devices
 
 
@@ -26,6 +27,8 @@ def shard(model: nn.Module, rt: devices.Runtime) -> nn.Module:
     norm). Compiled block by block when `rt.compile` (a compiled block is one graph; the
     collectives between blocks stay outside it). On CUDA with bf16, the gathered weights are bf16
     and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32."""
+    if not hasattr(model, "transformer"):  # a recurrent model resumed or started from (init_from)
+        raise TinyGPTError("distributed=fsdp shards a GPT block by block; this run's model is recurrent: use distributed=ddp")
     if not next(model.parameters()).is_meta:  # a meta-device model (shapes only) has no values to agree on
         _broadcast_from_rank_0(model)
     policy = MixedPrecisionPolicy()
@@ -91,10 +94,15 @@ def whole_state_dict(model: nn.Module, keep: bool = True) -> dict | None:
 
 
 def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A whole tensor of `param`'s shape (an optimizer moment from a checkpoint) cut to this
-    process's shard of `param`, the way `param` is cut; anything else is returned as it is."""
+    """A copy of `value` (an optimizer state tensor from a checkpoint), cut to this process's
+    shard of `param` the way `param` is cut where it is sharded and `value` is whole. Only the
+    shard is copied: `value` may be mapped from the checkpoint file, and a shard left as a view
+    would keep the whole tensor alive."""
     if isinstance(param, DTensor) and not isinstance(value, DTensor) and value.shape == param.shape:
         # src_data_rank=None: every process holds the whole tensor already, so each slices its own
         # part locally instead of receiving it from rank 0
-        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
-    return value
+        cut = distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        return DTensor.from_local(
+            cut.to_local().clone(), param.device_mesh, param.placements, shape=param.shape, stride=cut.stride()
+        )
+    return value.clone()

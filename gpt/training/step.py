@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -45,11 +44,10 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
     weights = _token_weights([m[2] for m in micro], accum_steps, rt.device, dist)
     total = torch.zeros((), device=rt.device)
     for i, (x, y, trained, _) in enumerate(micro):
-        # Under DDP, gradients are all-reduced on the last micro-batch only; under FSDP2 they are
-        # reduce-scattered then (held whole on each process until that one).
+        # Under DDP, gradients are all-reduced on the last micro-batch only. Under FSDP2 they are
+        # reduce-scattered after every one: held back, they would be whole on every process (4
+        # bytes a parameter, what sharding is for saving), so accumulation costs communication.
         last = i == accum_steps - 1
-        if isinstance(model, FSDPModule):
-            model.set_requires_gradient_sync(last)
         with contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
             with rt.autocast():  # the forward pass only; backward runs in the dtypes it recorded
                 _, loss = model(x, y)
