@@ -139,15 +139,15 @@ class Muon(torch.optim.Optimizer):
         for i, p in enumerate(params):
             by_shape.setdefault(p.shape, []).append(i)
         if isinstance(params[0], DTensor):
-            # FSDP2: whole matrices exist only while they are orthogonalised, so `world` at a time
-            # (one per process), each applied before the next are gathered: a step never holds
-            # more than 2 x world whole matrices, however large the model.
+            # FSDP2: each update gathered whole (Newton-Schulz does not split by rows), `world` at
+            # a time, shared out among the processes as under DDP, and each result cut back to this
+            # process's rows (src_data_rank=None: sliced locally) and applied before the next are
+            # gathered: a step never holds more than 2 x world whole matrices.
             world, first = _replicas()[1], 0
             for shape, idx in by_shape.items():
-                for start in range(0, len(idx), world):
-                    chunk = idx[start : start + world]
-                    ortho = self._orthogonalize_sharded([updates[i] for i in chunk], group["ns_steps"], first)
-                    self._apply(params, lr, shape, chunk, ortho, None)
+                for chunk in (idx[start : start + world] for start in range(0, len(idx), world)):
+                    whole, exchange = self._orthogonalize([updates[i].full_tensor() for i in chunk], group["ns_steps"], first)
+                    self._apply(params, lr, shape, chunk, whole, exchange)
                     first += len(chunk)
             return
         started, first = [], 0
@@ -164,7 +164,10 @@ class Muon(torch.optim.Optimizer):
         # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
         scale = math.sqrt(max(1.0, shape[0] / shape[1]))
         for j, i in enumerate(idx):
-            params[i].add_(ortho[j], alpha=-lr * scale)
+            p, o = params[i], ortho[j]
+            if isinstance(p, DTensor):  # FSDP2: this process's rows of the whole result
+                o = distribute_tensor(o, p.device_mesh, p.placements, src_data_rank=None)
+            p.add_(o, alpha=-lr * scale)
 
     def _orthogonalize(self, updates: list[torch.Tensor], steps: int, first: int) -> tuple[list[torch.Tensor], dist.Work | None]:
         """Newton-Schulz on `updates`, matrices of one shape: returns their orthogonalised
@@ -192,21 +195,9 @@ class Muon(torch.optim.Optimizer):
         work = exchange(gathered, local, async_op=True)
         return [gathered[(first + j) % world * share + j // world] for j in range(n)], work
 
-    def _orthogonalize_sharded(self, updates: list[DTensor], steps: int, first: int) -> list[DTensor]:
-        """Newton-Schulz on whole matrices under FSDP2: each update gathered whole (it does not
-        split by rows: every singular value depends on every row), the matrices shared out among
-        the processes as under DDP (each orthogonalises its share, the results are exchanged),
-        and each result cut back to this process's rows."""
-        ortho, exchange = self._orthogonalize([u.full_tensor() for u in updates], steps, first)
-        if exchange is not None:
-            exchange.wait()
-        # src_data_rank=None: every process holds the result whole, so each keeps its own rows
-        return [distribute_tensor(o, u.device_mesh, u.placements, src_data_rank=None) for o, u in zip(ortho, updates)]
-
 
 def _replicas() -> tuple[int, int]:
-    """(rank, world size) of the default process group (DDP's replicas; FSDP2's shards, whose
-    matrices `_orthogonalize_sharded` makes whole first), or (0, 1) in one process."""
+    """(rank, world size) of the default process group (DDP's replicas, FSDP2's shards), or (0, 1) alone."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
