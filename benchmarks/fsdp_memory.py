@@ -36,8 +36,9 @@ WORLDS = {"gpt2-124m": (2, 4), "smollm2-360m": (2, 4), "smollm2-1.7b": (2, 4, 8)
 FP32 = 4
 
 
-def cell(shape: str, mode: str, real: bool) -> dict:
-    """One process's figures (run under torchrun, every process; rank 0's are returned)."""
+def cell(shape: str, mode: str, real: bool) -> None:
+    """One cell's figures (under torchrun, in every process): rank 0 prints its own as a CELL line,
+    with the highest peak RSS of all processes."""
     import torch.distributed as dist
 
     from gpt.runtime import devices
@@ -93,7 +94,6 @@ def cell(shape: str, mode: str, real: bool) -> dict:
     dist.destroy_process_group()
     if rank == 0:
         print("CELL " + json.dumps(gathered[0] | {"peak_rss_max_bytes": max(g.get("peak_rss_bytes", 0) for g in gathered)}))
-    return out
 
 
 def main() -> None:

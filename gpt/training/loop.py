@@ -299,15 +299,14 @@ class Trainer:
         self.evals_done += 1
         self.records.eval(step, losses["train"], losses["val"], p.best_val, elapsed_s=now)
         r.log(f"eval step {step}: train {losses['train']:.4f}, val {losses['val']:.4f}" + (" (best)" if improved else ""))
-        if self.lockstep and ts.eval_sample_tokens and all(math.isfinite(v) for v in losses.values()):
-            text = self.sample(ts.eval_sample_tokens)  # on every rank (see `lockstep`)
+        finite = all(math.isfinite(v) for v in losses.values())  # a diverged model has nothing to show
+        if finite and ts.eval_sample_tokens and (r.dist.is_main or self.lockstep):  # see `lockstep`
+            text = self.sample(ts.eval_sample_tokens)
             if r.dist.is_main:
                 self.records.tb.text("samples", text, step)
-        if r.dist.is_main and all(math.isfinite(v) for v in losses.values()):  # a diverged model has nothing to show
+        if r.dist.is_main and finite:
             if r.tasks:
                 self._log_tasks(step, self.evaluate_tasks())
-            if ts.eval_sample_tokens and not self.lockstep:
-                self.records.tb.text("samples", self.sample(ts.eval_sample_tokens), step)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
                 x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
                 self.records.tb.attention_images(step, r.model.attention_maps(x))
