@@ -1,6 +1,7 @@
 """distributed=fsdp (gpt/training/sharding.py): two CPU processes under torchrun (gloo), each
 holding half of every weight, gradient and optimizer moment, train like one process with twice
-the batch; their checkpoints resume at 2, 1 and 4 processes and after a kill -9, and export.
+the batch; each writes its own shards of the step checkpoints (gpt/checkpoints/shards.py), which
+resume at 2, 1 and 4 processes and after a kill -9, sample and export.
 Run: pytest tests/test_fsdp.py"""
 
 from __future__ import annotations
@@ -113,6 +114,19 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
     assert tied[0] == tied[1] == (shape == "gpt2-block")  # a tied weight saved once, as one process saves it
     state_a, state_b = a.training.optimizer["state"], b.training.optimizer["state"]
     assert all(state_a[i][k].shape == state_b[i][k].shape for i in state_a for k in state_a[i])
+    _assert_sharded_by(2, runs.latest(tmp_path / "two"))
+    assert torch.load(tmp_path / "two" / "checkpoints" / runs.BEST, weights_only=True)["format"] == 3  # weights, whole
+
+
+def _assert_sharded_by(n: int, path) -> None:
+    """The step checkpoint at `path` is sharded (format 4): its folder holds one file per process,
+    each its own part (none near the whole), as DCP names them, and nothing of a temporary."""
+    assert torch.load(path, weights_only=True)["format"] == 4
+    files = {f.name: f.stat().st_size for f in runs.shards_folder(path).iterdir()}
+    assert set(files) == {".metadata"} | {f"__{rank}_0.distcp" for rank in range(n)}
+    parts = [size for name, size in files.items() if name.endswith(".distcp")]
+    assert max(parts) < 1.5 * sum(parts) / n
+    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
 
 
 @pytest.mark.slow
@@ -129,6 +143,15 @@ def test_a_sharded_checkpoint_resumes_at_2_1_and_4_processes_and_after_a_kill(tm
     reference = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={tmp_path / 'reference'}"], tmp_path, root)
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = _metrics(tmp_path / "reference", "train")
+    kept = runs.step_checkpoints(tmp_path / "reference")  # steps 16 and 24: keep_last=2, older ones pruned with their shards
+    assert [p.name for p in kept] == ["ckpt-0000016.pt", "ckpt-0000024.pt"]
+    assert sorted(p.name for p in (tmp_path / "reference" / "checkpoints").glob("*.shards")) == [
+        "ckpt-0000016.shards", "ckpt-0000024.shards"
+    ]  # fmt: skip
+    for path in kept:
+        _assert_sharded_by(2, path)
+    sampled = run_script("sample.py", [f"ckpt={kept[-1]}", "num_samples=1", "max_new_tokens=8"], tmp_path, root)
+    assert sampled.returncode == 0 and sampled.stdout.strip(), sampled.stderr[-2000:]  # one process reads the shards whole
 
     stopped_dir = tmp_path / "stopped"
     out = _stop_rank_1(2, [*args, *fsdp, f"hydra.run.dir={stopped_dir}"], tmp_path, root, signal.SIGTERM, after=5)
@@ -149,6 +172,8 @@ def test_a_sharded_checkpoint_resumes_at_2_1_and_4_processes_and_after_a_kill(tm
     assert at_1.returncode == 0 and "random streams restart" in at_1.stdout, at_1.stderr[-2000:]
     at_4 = _torchrun(4, [*args, "distributed=fsdp", "train.batch_size=2", f"hydra.run.dir={tmp_path / 'at-4'}"], tmp_path, root)
     assert at_4.returncode == 0 and "FSDP2 over 4 processes" in at_4.stdout, at_4.stderr[-3000:]
+    _assert_sharded_by(4, runs.latest(tmp_path / "at-4"))  # 2 processes' shards read into 4, then written by 4
+    assert torch.load(runs.latest(tmp_path / "at-1"), weights_only=True)["format"] == 3  # one process writes whole
     for name in ("at-1", "at-4"):
         resumed = {s: r for s, r in _metrics(tmp_path / name, "train").items() if s > stopped_at}
         assert _max_diff(resumed, after, "loss") <= 1e-4, name
@@ -166,9 +191,15 @@ def test_a_sharded_checkpoint_resumes_at_2_1_and_4_processes_and_after_a_kill(tm
     killed = _stop_rank_1(2, [*args, *fsdp, f"hydra.run.dir={killed_dir}"], tmp_path, root, signal.SIGKILL, after=10)
     assert killed.returncode != 0
     assert checkpoint.load(runs.latest(killed_dir)).step == 8  # the eval checkpoint before the kill
+    # as if the kill had come mid-save at step 16: rank 0's temporary folder, and a folder renamed
+    # before its file was written; the rerun removes both and resumes from step 8
+    ckpts = killed_dir / "checkpoints"
+    shutil.copytree(ckpts / "ckpt-0000008.shards", ckpts / "ckpt-0000016.shards.tmp-999999")
+    shutil.copytree(ckpts / "ckpt-0000008.shards", ckpts / "ckpt-0000016.shards")
     rerun = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={killed_dir}"], tmp_path, root)
     assert rerun.returncode == 0 and "at step 8" in rerun.stdout, rerun.stderr[-3000:]
     assert _losses(killed_dir) == _losses(tmp_path / "reference")
+    assert sorted(p.name for p in ckpts.iterdir()) == sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
 
 
 def _stop_rank_1(n: int, args: list[str], cwd, root, sig, after: int) -> subprocess.CompletedProcess:
@@ -208,10 +239,12 @@ def test_a_llama_folder_finetuned_sharded_trains_like_one_process_and_exports(tm
     assert ("LoRA" in two.stdout) == bool(lora)
     assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= 1e-5
 
-    exported = run_script("export", [f"run_dir={tmp_path / 'two'}", f"out={tmp_path / 'hf'}"], tmp_path, root)
-    assert exported.returncode == 0 and "LlamaForCausalLM" in exported.stdout, exported.stderr[-2000:]
-    ours = loading.load(str(tmp_path / "two")).model.eval()
-    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    idx = torch.randint(0, ours.config.vocab_size, (2, 16))
-    with torch.no_grad():
-        assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+    # best.pt (the weights gathered whole) and the last step checkpoint (sharded, read whole here)
+    for name, source in (("best", f"run_dir={tmp_path / 'two'}"), ("step", f"ckpt={runs.latest(tmp_path / 'two')}")):
+        exported = run_script("export", [source, f"out={tmp_path / name}"], tmp_path, root)
+        assert exported.returncode == 0 and "LlamaForCausalLM" in exported.stdout, exported.stderr[-2000:]
+        ours = loading.load(source.partition("=")[2]).model.eval()
+        hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / name).eval()
+        idx = torch.randint(0, ours.config.vocab_size, (2, 16))
+        with torch.no_grad():
+            assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5, name

@@ -13,6 +13,11 @@ Format history (`format` in the file):
      gpt.runtime.threads) and the run's elapsed wall time (`elapsed_s`, and `best_elapsed_s` at its best
      val loss). From 3 on, training-state keys this tinygpt does not know are ignored, so a
      later optional key needs no new format.
+  4  sharded (written by FSDP2 runs, step checkpoints only): the weights and the optimizer
+     state lie in a folder beside the file, written by every process through
+     torch.distributed.checkpoint (gpt.checkpoints.shards); the file holds a placeholder for each
+     tensor and `shards`, the folder's name and its files' sizes. Unsharded runs still write 3;
+     a tinygpt that reads only up to 3 refuses a 4 in one line (upgrade).
 """
 
 from __future__ import annotations
@@ -26,13 +31,15 @@ from typing import TypeVar
 
 import torch
 
+from gpt.checkpoints import shards
 from gpt.errors import TinyGPTError
 from gpt.runtime.io import atomic_write
 from gpt.version import __version__
 
 T = TypeVar("T")
 
-FORMAT = 3
+FORMAT = 4  # the newest this tinygpt reads; it writes 3, or 4 where sharded
+_WHOLE = 3
 _COMPILED_PREFIX = "_orig_mod."
 
 
@@ -63,6 +70,7 @@ class Checkpoint:
     lora: dict | None = None  # {"rank", "alpha"} when `model` holds unmerged LoRA adapters
     training: TrainingState | None = None  # None: weights only (best.pt, imports)
     tinygpt_version: str = __version__  # of the writer; newer formats name it in the refusal
+    shards: dict | None = None  # format 4: {"folder", "files": {name: bytes}}; the tensors above are placeholders
 
     def settings(self, section: str, cls: type[T]) -> tuple[T | None, list[str]]:
         """The run's recorded `section` settings as `cls` (None when not recorded), read leniently:
@@ -74,12 +82,24 @@ class Checkpoint:
             return None, ignored
         return from_dict(cls, recorded, section, ignored), ignored
 
+    def sharded_state(self) -> dict:
+        """What a sharded checkpoint keeps in its shards folder (gpt.checkpoints.shards), as one
+        dict: the weights, and the optimizer state of a step checkpoint."""
+        return {"model": self.model} | ({"optimizer": self.training.optimizer} if self.training is not None else {})
+
+    def set_sharded_state(self, state: dict) -> None:
+        self.model = state["model"]
+        if self.training is not None:
+            self.training.optimizer = state["optimizer"]
+
     def to_payload(self) -> dict:
         # Not dataclasses.asdict: it would deep-copy every tensor of the optimizer state.
         payload = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.training is not None:
             payload["training"] = {f.name: getattr(self.training, f.name) for f in fields(self.training)}
-        return {"format": FORMAT, **payload}
+        if self.shards is None:  # a whole checkpoint stays what every reader of format 3 knows
+            del payload["shards"]
+        return {"format": FORMAT if self.shards else _WHOLE, **payload}
 
     @classmethod
     def from_payload(cls, payload: dict, where: Path | str = "checkpoint") -> Checkpoint:
@@ -96,6 +116,8 @@ class Checkpoint:
         missing = [k for k in ("model", "model_config", "tokenizer") if k not in payload]
         if missing:
             raise TinyGPTError(f"{where} is not a tinygpt checkpoint (no {', '.join(missing)} inside)")
+        if fmt == 4 and not payload.get("shards"):
+            raise TinyGPTError(f"{where} is damaged: a sharded checkpoint (format 4) that does not name its shards")
         known = {f.name for f in fields(cls)}
         ckpt = cls(**{k: v for k, v in payload.items() if k in known})
         if isinstance(ckpt.training, dict):
@@ -163,7 +185,9 @@ def _check_sums(path: Path) -> None:
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
-    """mmap=True maps the tensors instead of reading them: cheap when only the metadata is needed."""
+    """mmap=True maps the tensors instead of reading them: cheap when only the metadata is needed.
+    A sharded checkpoint (format 4) is checked for all its shards; with mmap=True its tensors stay
+    placeholders (meta tensors: shapes and dtypes), else they are read whole, in this process."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
@@ -189,7 +213,13 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
         raise TinyGPTError(f"cannot load checkpoint {path}: {first}") from None
     if not isinstance(payload, dict):
         raise TinyGPTError(f"{path} is not a tinygpt checkpoint (it holds a {type(payload).__name__})")
-    return Checkpoint.from_payload(payload, path)
+    ckpt = Checkpoint.from_payload(payload, path)
+    if ckpt.shards is not None:
+        folder = shards.check(path, ckpt.shards)
+        if not mmap:
+            ckpt.set_sharded_state(shards.read_whole(folder, ckpt.sharded_state()))
+            ckpt.shards = None  # its tensors are real now: to every reader, a whole checkpoint
+    return ckpt
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

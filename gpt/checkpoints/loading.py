@@ -5,10 +5,12 @@ newest run under the runs folder). Used by sampling, evaluation, export and fine
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from gpt.checkpoints import checkpoint, runs
@@ -121,27 +123,31 @@ def _load_file(path: Path, dropout: float | None) -> tuple[Checkpoint, nn.Module
 
 
 def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:
-    """The plain model in a checkpoint; a LoRA finetune's adapters are folded in."""
+    """The plain model in a checkpoint; a LoRA finetune's adapters are folded in. A sharded
+    checkpoint loaded without its tensors (placeholders: checkpoint.load(mmap=True)) gives a model
+    on the meta device: its shapes checked against the checkpoint's, no values."""
     from gpt.model.lora import apply_lora, merge_lora
 
     config = dict(ckpt.model_config)
     if dropout is not None:
         config["dropout"] = dropout
-    model = registry.build(registry.config_from_dict(config))
-    if ckpt.lora:
-        apply_lora(model, ckpt.lora["rank"], ckpt.lora["alpha"])
-        _load_weights(model, ckpt)
-        merge_lora(model)
-        for p in model.parameters():
-            p.requires_grad_(True)
-    else:
-        _load_weights(model, ckpt)
+    shapes_only = any(t.is_meta for t in ckpt.model.values())
+    with torch.device("meta") if shapes_only else contextlib.nullcontext():
+        model = registry.build(registry.config_from_dict(config))
+        if ckpt.lora:
+            apply_lora(model, ckpt.lora["rank"], ckpt.lora["alpha"])
+            _load_weights(model, ckpt, shapes_only)
+            merge_lora(model)
+            for p in model.parameters():
+                p.requires_grad_(True)
+        else:
+            _load_weights(model, ckpt, shapes_only)
     return model
 
 
-def _load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
+def _load_weights(model: nn.Module, ckpt: Checkpoint, shapes_only: bool = False) -> None:
     try:
-        model.load_state_dict(ckpt.model)
+        model.load_state_dict(ckpt.model, assign=shapes_only)
     except RuntimeError as e:
         detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
         raise TinyGPTError(

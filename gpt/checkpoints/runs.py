@@ -5,6 +5,7 @@ clean-up after a crash, and finding the run or checkpoint a command means."""
 from __future__ import annotations
 
 import re
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from gpt.runtime.io import temporary_owner
 CKPT_DIR = "checkpoints"
 RUN_STAMP = "%Y-%m-%d_%H-%M-%S-%f"  # run folder names; configs/hydra/default.yaml names them alike (tested)
 BEST = "best.pt"
+SHARDS = ".shards"  # a sharded checkpoint's folder: the file's name with this suffix
 _STEP_FILE = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
@@ -40,9 +42,16 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step checkpoints (best.pt is separate and stays)."""
+    """Delete all but the newest `keep_last` step checkpoints (best.pt is separate and stays);
+    a sharded one's folder goes after its file (the file is what makes it a checkpoint)."""
     for old in step_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
+        shutil.rmtree(shards_folder(old), ignore_errors=True)
+
+
+def shards_folder(path: Path) -> Path:
+    """Where a sharded checkpoint's tensors lie (gpt.checkpoints.shards): ckpt-0000100.shards/."""
+    return path.with_suffix(SHARDS)
 
 
 def set_aside(path: Path) -> Path:
@@ -53,14 +62,25 @@ def set_aside(path: Path) -> Path:
         n += 1
         target = path.with_name(f"{path.name}.damaged-{n}")
     path.rename(target)
+    folder = shards_folder(path)
+    if folder.is_dir():  # a sharded checkpoint's tensors go aside with it, under the same mark
+        folder.rename(folder.with_name(folder.name + target.name.removeprefix(path.name)))
     return target
 
 
 def remove_leftovers(run_dir: Path) -> None:
-    """Delete temporaries of writes that a crash or kill -9 cut short (never complete files)."""
-    for tmp in (Path(run_dir) / CKPT_DIR).glob("*.pt.tmp-*"):
+    """Delete temporaries of writes that a crash or kill -9 cut short (never complete files), and
+    the shards folders of sharded saves cut short before their checkpoint file was written."""
+    folder = Path(run_dir) / CKPT_DIR
+    for tmp in folder.glob("*.pt.tmp-*"):
         if temporary_owner(tmp) is not None:
             tmp.unlink(missing_ok=True)
+    for tmp in folder.glob(f"*{SHARDS}.tmp-*"):
+        if temporary_owner(tmp) is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    for shards in folder.glob(f"ckpt-*{SHARDS}"):
+        if shards.is_dir() and not shards.with_suffix(".pt").exists():
+            shutil.rmtree(shards, ignore_errors=True)
 
 
 def has_run(run_dir: Path) -> bool:

@@ -1,4 +1,5 @@
-"""Parameter groups, the optimizers (AdamW, and Muon for the hidden matrices) and the LR schedule.
+"""Parameter groups and the optimizers (AdamW, and Muon for the hidden matrices); the learning-rate
+schedule is gpt.training.schedule.
 
 AdamW is torch.optim.AdamW (its fused kernel where the device has one); Muon is a
 torch.optim.Optimizer of its own (see `Muon` for why not torch's; under DDP and FSDP2 its ranks share
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections import ChainMap
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -283,7 +283,9 @@ class Optimizers(torch.optim.Optimizer):
             offset += sum(len(g["params"]) for g in sd["param_groups"])
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, sd: dict) -> None:
+    def saved_params(self, sd: dict) -> dict[int, torch.Tensor]:
+        """The parameter each index of a saved state dict `sd` stands for, where `sd` fits this
+        optimizer (the same kinds of groups with as many parameters); else a TinyGPTError."""
         # Checkpoints from torch.optim.AdamW carry no "kind" (they are AdamW's) and may hold an
         # empty group (LoRA trains matrices only), which this class does not keep.
         saved = [g for g in sd["param_groups"] if g["params"]]
@@ -295,11 +297,15 @@ class Optimizers(torch.optim.Optimizer):
                 f"the checkpoint's optimizer state does not fit: it holds {layout}, this run has {ours}; resume with "
                 f"the optimizer it was trained with (optim={trained_with}) and the same trainable parameters"
             )
-        old_ids = iter(saved)
+        return {old: p for g, s in zip(self.param_groups, saved) for p, old in zip(g["params"], s["params"])}
+
+    def load_state_dict(self, sd: dict) -> None:
+        saved = {id(p): old for old, p in self.saved_params(sd).items()}
         for o in self.parts:
             state, groups, new = {}, [], 0
             for g in o.param_groups:
-                for param, old in zip(g["params"], next(old_ids)["params"]):  # as many (the layout fits)
+                for param in g["params"]:
+                    old = saved[id(param)]
                     if old in sd["state"] or str(old) in sd["state"]:
                         st = sd["state"].get(old, sd["state"].get(str(old)))
                         # copied (the source may be another optimizer's live state, or mapped from a
@@ -360,40 +366,3 @@ def orthogonalize(g: torch.Tensor, steps: int, dtype: torch.dtype, eps: float = 
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
         x = torch.baddbmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
     return (x.mT if tall else x).to(g.dtype)
-
-
-@dataclass
-class CosineSchedule:
-    """Linear warmup from 0 to `lr`, then cosine decay to `min_lr` at `decay_iters`, then flat."""
-
-    lr: float
-    min_lr: float
-    warmup_iters: int
-    decay_iters: int
-
-    @classmethod
-    def from_settings(cls, s: AdamWSettings, max_iters: int) -> CosineSchedule:
-        """Decay over `optim.decay_iters`, or over the whole run (`max_iters`) when that is null,
-        down to `optim.min_lr`, or to lr * `optim.min_lr_ratio` when that is null."""
-        decay = s.decay_iters or max_iters
-        # A warmup as long as the whole schedule (a 20-step smoke run of a recipe that warms up
-        # for 100) would never reach the peak: warm up for a tenth of the schedule instead.
-        warmup = s.warmup_iters if s.warmup_iters < decay else decay // 10
-        floor = s.min_lr if s.min_lr is not None else s.lr * s.min_lr_ratio
-        return cls(lr=s.lr, min_lr=floor, warmup_iters=warmup, decay_iters=decay)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_iters:
-            return self.lr * (step + 1) / (self.warmup_iters + 1)
-        if step >= self.decay_iters:
-            return self.min_lr
-        progress = (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
-        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - self.min_lr)
-
-    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> float:
-        """Every group follows the same curve, scaled to its own peak (Muon's is higher).
-        Returns the AdamW learning rate, the one logged."""
-        lr = self(step)
-        for group in optimizer.param_groups:
-            group["lr"] = group["base_lr"] * lr / self.lr
-        return lr

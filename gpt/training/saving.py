@@ -9,23 +9,23 @@ from pathlib import Path
 
 import torch
 
-from gpt.checkpoints import checkpoint, runs
+from gpt.checkpoints import checkpoint, runs, shards
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.model.lora import merged_state_dict
 from gpt.runtime import devices, distributed
-from gpt.training.sharding import gathered, is_sharded, local, whole_state_dict
+from gpt.training.sharding import is_sharded, local, whole_state_dict
 from gpt.training.state import Run
 
 
-def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, whole: tuple[dict, dict] | None = None) -> Checkpoint:
+def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, state: dict | None = None) -> Checkpoint:
     """What a checkpoint holds: with the training state (and LoRA adapters apart, to resume)
     given `rng` (every rank's random state), else the weights alone (adapters merged, for
-    sampling and export). `whole`: the model's and the optimizer's state dicts gathered whole
-    (`whole_state`), where the run is sharded."""
+    sampling and export). `state`: {"model", and "optimizer" with `rng`} to hold instead of the
+    live ones, where the run is sharded (gathered whole, or the placeholders of its shards)."""
     p, model, full = run.progress, checkpoint.unwrap(run.model), rng is not None
-    weights, optimizer = whole if whole is not None else (model.state_dict(), None)
+    weights, optimizer = (state["model"], state.get("optimizer")) if state is not None else (model.state_dict(), None)
     state = (
         TrainingState(
             optimizer=optimizer if optimizer is not None else run.optimizer.state_dict(),
@@ -55,16 +55,22 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, whole: t
     )
 
 
-def whole_state(run: Run) -> tuple[dict, dict] | None:
-    """Under FSDP2, the model's and the optimizer's state dicts with every shard gathered (every
-    rank must call; rank 0 keeps and writes them): the checkpoint is then the one an unsharded run
-    of the same model writes, read by every command and resumable at any number of processes.
-    (Rank 0 holds the whole state in CPU memory while it writes; a sharded save through
-    torch.distributed.checkpoint would not, and is not built yet.) None when not sharded."""
+def sharded_state(run: Run, path: Path) -> dict:
+    """Under FSDP2, a step checkpoint's weights and optimizer state written by every rank, each its
+    own shards, into `path`'s shards folder (gpt.checkpoints.shards; every rank must call): no
+    process ever holds the whole state. Returns what the checkpoint file holds in their place: the
+    placeholders, and where the shards are under "shards"."""
+    skeleton, tensors = shards.split({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})
+    return skeleton | {"shards": shards.write(path, tensors, run.dist.is_main)}
+
+
+def whole_weights(run: Run) -> dict | None:
+    """Under FSDP2, the model's weights gathered whole (every rank must call; rank 0 keeps them),
+    for best.pt: the weights alone (a quarter of the training state), in the format every reader
+    knows, LoRA adapters merged as an unsharded run's are. None when not sharded."""
     if not is_sharded(run.model):
         return None
-    keep = run.dist.is_main
-    return whole_state_dict(run.model, keep), gathered(run.optimizer.state_dict(), keep)
+    return {"model": whole_state_dict(run.model, keep=run.dist.is_main)}
 
 
 def healthy(run: Run, last_eval: dict[str, float]) -> bool:
@@ -88,13 +94,19 @@ def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> P
         return runs.latest(run.out_dir)
     path = run.ckpt_dir / runs.step_file(run.progress.step)
     rng = distributed.gather(devices.rng_state(run.rt.device), run.dist)  # every rank's own
-    whole = whole_state(run)
+    whole = whole_weights(run) if best else None
     failed: TinyGPTError | None = None
-    if run.dist.is_main:
+    try:
+        sharded = sharded_state(run, path) if is_sharded(run.model) else None
+    except TinyGPTError as e:  # every rank failed alike (DCP gathers the failures): the file is not written
+        failed, sharded = e, None
+    if run.dist.is_main and failed is None:
         try:
             if best:
-                checkpoint.save(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None, whole=whole))
-            checkpoint.save(path, fill(run, last_eval, rng=rng, whole=whole))
+                checkpoint.save(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None, state=whole))
+            full = fill(run, last_eval, rng=rng, state=sharded)
+            full.shards = sharded["shards"] if sharded is not None else None
+            checkpoint.save(path, full)
             runs.prune(run.out_dir, keep_last)
         except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
             failed = e

@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.chat.template import ChatTokenizer
-from gpt.checkpoints import checkpoint, loading, runs
+from gpt.checkpoints import checkpoint, loading, runs, shards
 from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.checkpoints.resume import ResumePoint, resume_point
 from gpt.config import RunConfig, changed_settings
@@ -34,7 +34,8 @@ from gpt.tokenizers import require_same
 from gpt.tracking import ensure_console_logging, logger
 from gpt.training import sharding
 from gpt.training.finetune import initial_model, prepare_finetune
-from gpt.training.optim import CosineSchedule, build_optimizer
+from gpt.training.optim import build_optimizer
+from gpt.training.schedule import CosineSchedule
 from gpt.training.start import Claim, preflight
 from gpt.training.state import Progress, Run, quiet
 
@@ -92,11 +93,13 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     cfg = replace(cfg, finetune=_finetune_settings(cfg, resumed, log))
     lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
     model = model.to(rt.device)
-    if resumed is not None:  # whole weights into the whole model, before any sharding
+    if resumed is not None and resumed.shards is None:  # whole weights into the whole model, before any sharding
         _load_weights(resumed, source, model)
     if sharded:
         model = sharding.shard(model, rt)
     optimizer = build_optimizer(model, cfg.optim, rt.device)  # after sharding: it steps the shards
+    if resumed is not None and resumed.shards is not None:  # each process reads its own shards, into the shards
+        _read_shards(resumed, source, model, optimizer)
     batches = data.batches(
         "train", model_config.block_size, cfg.train.batch_size, rt.device, cfg.seed, dist.rank, dist.world_size
     )
@@ -292,6 +295,19 @@ def _load_weights(ckpt: Checkpoint, path: Path, model: nn.Module) -> None:
         model.load_state_dict(ckpt.model)
     except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
         raise _unfit(path, e) from None
+
+
+def _read_shards(ckpt: Checkpoint, path: Path, model: nn.Module, optimizer) -> None:
+    """A sharded checkpoint (format 4: checkpoint.load left placeholders) into the sharded model
+    and, as the optimizer state `_restore` loads, into tensors sharded like their parameters: each
+    process reads only its shards, at whatever number of processes wrote them (DCP reshards).
+    A checkpoint read whole instead (one process, or DDP) has its tensors already."""
+    try:
+        targets = sharding.load_targets(model, optimizer, ckpt.training.optimizer)
+        state = shards.read_sharded(shards.check(path, ckpt.shards), ckpt.sharded_state(), targets)
+    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
+        raise _unfit(path, e) from None
+    ckpt.set_sharded_state(state)
 
 
 def _unfit(path: Path, e: Exception) -> TinyGPTError:

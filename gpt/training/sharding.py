@@ -3,12 +3,15 @@ optimizer state, and gathers a block's full weights only while that block runs.
 
 torch's `fully_shard` does the sharding (per-parameter DTensors, one all-gather per block forward
 and backward, one reduce-scatter of the gradients); this module applies it to a GPT and moves
-whole tensors in and out of the sharded world: a run's checkpoints hold full tensors, gathered
-here, in the format every other command reads (sample, eval, serve, export, a resume at any
-number of processes), and a resume slices them back into this process's shards.
+tensors in and out of the sharded world: step checkpoints are written shard by shard
+(gpt.checkpoints.shards) and read back into the shards (`load_targets`); best.pt holds the
+weights gathered whole (`whole_state_dict`); a whole checkpoint (one written without FSDP) is
+sliced into this process's shards (`shard_like`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -91,6 +94,27 @@ def whole_state_dict(model: nn.Module, keep: bool = True) -> dict | None:
         for name in others:
             state[name] = state[first]
     return state
+
+
+def load_targets(model: nn.Module, optimizer, saved_optimizer: dict) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """Where each tensor of a sharded checkpoint is read to, by its key (gpt.checkpoints.shards):
+    a weight into the model's own shard of it, in place; an optimizer state tensor of its
+    parameter's shape (AdamW's moments, Muon's momentum) into a new tensor cut like that
+    parameter; anything else (step counts) whole. `optimizer.saved_params` maps the saved state
+    to the parameters (and refuses state that does not fit)."""
+    weights, params = model.state_dict(), optimizer.saved_params(saved_optimizer)
+
+    def target(key: str, placeholder: torch.Tensor) -> torch.Tensor:
+        kind, _, rest = key.strip("/").partition("/")
+        if kind == "model":
+            return weights[rest]
+        where = rest.split("/")  # state/<index>/<name>
+        param = params.get(int(where[1])) if where[0] == "state" and where[1].isdigit() else None
+        if isinstance(param, DTensor) and placeholder.shape == param.shape:
+            return torch.empty_like(param, dtype=placeholder.dtype)
+        return torch.empty(placeholder.shape, dtype=placeholder.dtype)
+
+    return target
 
 
 def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from gpt.checkpoints import runs
 from gpt.config import RunConfig
 from gpt.data import Dataset
 from gpt.runtime import devices, distributed
-from gpt.training.optim import CosineSchedule
+from gpt.training.schedule import CosineSchedule
 
 
 @dataclass

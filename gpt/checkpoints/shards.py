@@ -1,0 +1,182 @@
+"""Sharded checkpoints (format 4, written by FSDP2 runs): each process writes its own shards of the
+weights and optimizer state through torch.distributed.checkpoint (DCP) into a folder beside the
+checkpoint file, `ckpt-<step>.shards/`, and the file itself holds everything else, with a
+placeholder (a meta tensor: shape and dtype, no data) where each tensor was.
+
+DCP does the writing, the reading and the resharding (a checkpoint saved by N processes loads
+into M); this module adds what a tinygpt checkpoint promises on top of it: the folder is written
+under a temporary name and renamed only when every process has finished, and the file, written
+last and atomically, is what makes the checkpoint exist, so a run killed mid-save resumes from the
+previous one; the size of every file is recorded, so a folder copied in part or cut short is
+refused in one line, not half-read; and one process alone (sample, eval, serve, export, a resume
+without FSDP) reads the whole tensors back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
+
+from gpt.checkpoints.runs import shards_folder
+from gpt.errors import TinyGPTError
+from gpt.runtime.io import temporary_of
+
+
+def split(state) -> tuple[object, dict[str, torch.Tensor]]:
+    """(`state` with a meta placeholder of the same shape and dtype in place of each tensor, the
+    tensors by key). A tensor that appears twice (a tied weight) is stored once: both places hold
+    the same placeholder object, which pickling keeps as one."""
+    flat: dict[str, torch.Tensor] = {}
+    seen: dict[object, torch.Tensor] = {}
+
+    def walk(value, key: str):
+        if isinstance(value, torch.Tensor):
+            same = _identity(value)
+            if same not in seen:
+                flat[key] = value
+                seen[same] = torch.empty(value.shape, dtype=value.dtype, device="meta")
+            return seen[same]
+        if isinstance(value, dict):
+            return {k: walk(v, f"{key}/{k}") for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v, f"{key}/{i}") for i, v in enumerate(value))
+        return value
+
+    return walk(state, ""), flat
+
+
+def _identity(t: torch.Tensor) -> object:
+    """What makes two tensors one: a state dict holds a tied weight as two tensor objects (one
+    detached view per name) over the same memory; a placeholder (no memory) is itself."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    if local.is_meta or local.data_ptr() == 0:
+        return id(t)
+    return (local.data_ptr(), local.dtype, tuple(t.shape), local.stride())
+
+
+def placeholders(skeleton) -> dict[str, torch.Tensor]:
+    """The placeholders of a `split` skeleton by key, each once (the keys `split` gave)."""
+    return split(skeleton)[1]
+
+
+def fill(skeleton, tensors: dict[str, torch.Tensor]):
+    """`skeleton` with each placeholder replaced by the tensor of its key (one tensor for a tied pair)."""
+    by_id = {id(p): tensors[k] for k, p in placeholders(skeleton).items()}
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            return by_id[id(value)]
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    return walk(skeleton)
+
+
+def write(path: Path, tensors: dict[str, torch.Tensor], is_main: bool) -> dict:
+    """The tensors (sharded DTensors are written by the processes holding them, a plain tensor by
+    one of them) into `path`'s shards folder. A collective: every process calls it with the same
+    keys. Returns the record the checkpoint file keeps: the folder's name and each file's size.
+    The file at `path` must be written after this returns (it is what makes the checkpoint)."""
+    folder = shards_folder(path)
+    tmp = Path(_broadcast(str(temporary_of(folder)) if is_main else None))  # rank 0's name, for everyone
+    failed = None
+    try:
+        with warnings.catch_warnings():  # one process alone (no torchrun) writes every shard: the intent
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    except (CheckpointException, OSError, RuntimeError, ValueError) as e:  # DCP gathers every rank's failure
+        failed = e
+    record = None
+    if is_main and failed is None:
+        try:
+            record = {"folder": folder.name, "files": {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}}
+            # A checkpoint of this step written before (a rerun) stops existing before its folder goes.
+            path.unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        except OSError as e:
+            failed = e
+    if failed is not None:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise TinyGPTError(
+            f"cannot write the shards of checkpoint {path} ({getattr(failed, 'strerror', None) or _reason(failed)}); the previous "
+            f"checkpoints are kept: free space or choose another paths.runs_dir / hydra.run.dir"
+        )
+    return record
+
+
+def check(path: Path, record: dict) -> Path:
+    """The shards folder of the checkpoint file at `path`, if it holds every file the checkpoint
+    recorded at its recorded size; else a TinyGPTError that says what is missing."""
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict) or not record.get("folder"):
+        raise TinyGPTError(f"cannot load checkpoint {path}: it is sharded but does not say where its shards are (damaged)")
+    folder = path.parent / str(record["folder"])
+    if not folder.is_dir():
+        raise TinyGPTError(
+            f"cannot load checkpoint {path}: it is sharded (written under distributed=fsdp) and its shards folder "
+            f"{folder.name}/ is missing: copy that folder beside the file"
+        )
+    for name, size in record["files"].items():
+        f = folder / name
+        if not f.is_file() or f.stat().st_size != size:
+            what = "missing" if not f.is_file() else f"{f.stat().st_size:,} bytes, written as {size:,}"
+            raise TinyGPTError(f"cannot load checkpoint {path}: its shard {folder.name}/{name} is {what} (damaged or cut short)")
+    return folder
+
+
+def read(folder: Path, targets: dict[str, torch.Tensor], collective: bool) -> None:
+    """Fill `targets` (by key, in place) from the shards in `folder`: whole tensors in one
+    process (`collective` false), or this process's shards of sharded DTensors, every process
+    calling (`collective` true). DCP reads, from each file, only the pieces each target needs."""
+    try:
+        with warnings.catch_warnings():  # DCP warns that one process reads alone, which is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(targets, storage_reader=dcp.FileSystemReader(folder), no_dist=not collective)
+    except (CheckpointException, OSError, RuntimeError, ValueError, KeyError, EOFError) as e:
+        raise TinyGPTError(f"cannot load the shards in {folder}: {_reason(e)} (damaged, or not written by this run)") from None
+
+
+def _reason(e: BaseException) -> str:
+    """The line that says what went wrong: for DCP's CheckpointException (each failed rank's
+    traceback), the last line of the first traceback."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if isinstance(e, CheckpointException):
+        lines = [line for line in lines if not line.startswith(("File ", "Traceback", "^", "CheckpointException"))] or lines
+        return lines[-1][:300] if lines else type(e).__name__
+    return lines[0][:300] if lines else type(e).__name__
+
+
+def read_whole(folder: Path, skeleton):
+    """`skeleton` with its tensors read whole, on the CPU, in this one process."""
+    targets = {k: torch.empty(p.shape, dtype=p.dtype) for k, p in placeholders(skeleton).items()}
+    read(folder, targets, collective=False)
+    return fill(skeleton, targets)
+
+
+def read_sharded(folder: Path, skeleton, target: Callable[[str, torch.Tensor], torch.Tensor]):
+    """`skeleton` with each placeholder replaced by `target(key, placeholder)` (a live parameter,
+    or a new tensor sharded like one) filled from the shards: a collective."""
+    targets = {k: target(k, p) for k, p in placeholders(skeleton).items()}
+    read(folder, targets, collective=True)
+    return fill(skeleton, targets)
+
+
+def _broadcast(value):
+    if dist.is_available() and dist.is_initialized():
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
