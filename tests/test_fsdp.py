@@ -163,6 +163,7 @@ def test_a_sharded_checkpoint_resumes_at_2_1_and_4_processes_and_after_a_kill(tm
 
     again = _torchrun(2, [*args, *fsdp, f"hydra.run.dir={stopped_dir}"], tmp_path, root)
     assert again.returncode == 0 and f"at step {stopped_at}" in again.stdout, again.stderr[-3000:]
+    assert "built on the meta device: each process holds only its shards" in again.stdout
     assert _losses(stopped_dir) == _losses(tmp_path / "reference")  # bitwise, before the stop and after
     ours, theirs = (checkpoint.load(runs.latest(d)).model for d in (stopped_dir, tmp_path / "reference"))
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -239,6 +240,11 @@ def test_a_llama_folder_finetuned_sharded_trains_like_one_process_and_exports(tm
     assert ("LoRA" in two.stdout) == bool(lora)
     assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= 1e-5
 
+    # the sharded checkpoint resumed sharded: the model (and its adapters) built on the meta device
+    longer = [a for a in args if a != "train.max_iters=20"] + ["train.max_iters=22", "optim.decay_iters=20"]
+    on = _torchrun(2, [*longer, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, root)
+    assert on.returncode == 0 and "resuming from" in on.stdout and "built on the meta device" in on.stdout, on.stderr[-3000:]
+    assert sorted(_losses(tmp_path / "two"))[-2:] == [21, 22]
     # best.pt (the weights gathered whole) and the last step checkpoint (sharded, read whole here)
     for name, source in (("best", f"run_dir={tmp_path / 'two'}"), ("step", f"ckpt={runs.latest(tmp_path / 'two')}")):
         exported = run_script("export", [source, f"out={tmp_path / name}"], tmp_path, root)

@@ -73,12 +73,8 @@ class GPT(nn.Module):
         )
         self.transformer = nn.ModuleDict(layers)
         # Fixed tables are buffers: they follow .to(device) but are neither trained nor saved.
-        if config.pos_encoding == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
-        if config.pos_encoding == "rope":
-            cos, sin = rope_tables(config.block_size, config.head_dim, config.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        for name, table in self.fixed_tables().items():
+            self.register_buffer(name, table, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             # Weight tying: the input embedding and the output projection share one matrix, which
@@ -91,6 +87,18 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def fixed_tables(self) -> dict[str, torch.Tensor]:
+        """The position tables (sinusoidal, or RoPE's cos and sin) by buffer name, computed from the
+        config: at construction, and again for a model built on the meta device once it has memory
+        (gpt.training.sharding.materialize), since a buffer is not in any checkpoint."""
+        c = self.config
+        if c.pos_encoding == "sinusoidal":
+            return {"pos_table": sinusoidal_table(c.block_size, c.n_embd)}
+        if c.pos_encoding == "rope":
+            cos, sin = rope_tables(c.block_size, c.head_dim, c.rope_theta)
+            return {"rope_cos": cos, "rope_sin": sin}
+        return {}
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -11,6 +11,7 @@ settings of the `Run` it returns.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -86,19 +87,29 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         notice = rt.threads.adopt(state.threads)
         if notice:
             log(notice)
-    model, model_config = _model(cfg, data, resumed, log, base)
+    # Resuming a sharded checkpoint sharded, no process builds the whole model: its shapes on the
+    # meta device, sharded, then memory for this process's shards, read from its files.
+    on_meta = sharded and resumed is not None and resumed.shards is not None
+    building = (lambda: torch.device("meta")) if on_meta else contextlib.nullcontext
+    with building():
+        model, model_config = _model(cfg, data, resumed, log, base)
     notices = data.check_fits(model_config.block_size)  # said once the batches exist
     cfg = replace(cfg, train=_horizon(cfg, model, model_config, dist, log))
     cfg = replace(cfg, optim=_schedule_settings(cfg, resumed, log))
     cfg = replace(cfg, finetune=_finetune_settings(cfg, resumed, log))
-    lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
-    model = model.to(rt.device)
+    with building():  # LoRA's adapters, on the meta device too
+        lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
+    if not on_meta:
+        model = model.to(rt.device)
     if resumed is not None and resumed.shards is None:  # whole weights into the whole model, before any sharding
         _load_weights(resumed, source, model)
     if sharded:
         model = sharding.shard(model, rt)
+    if on_meta:
+        sharding.materialize(model, rt.device)
+        log(f"built on the meta device: each process holds only its shards, read from {source.name}")
     optimizer = build_optimizer(model, cfg.optim, rt.device)  # after sharding: it steps the shards
-    if resumed is not None and resumed.shards is not None:  # each process reads its own shards, into the shards
+    if on_meta:
         _read_shards(resumed, source, model, optimizer)
     batches = data.batches(
         "train", model_config.block_size, cfg.train.batch_size, rt.device, cfg.seed, dist.rank, dist.world_size

@@ -54,6 +54,16 @@ def _broadcast_from_rank_0(model: nn.Module) -> None:
         dist.broadcast(p.data, src=0)
 
 
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """A model built on the meta device (shapes only) and sharded: memory for this process's
+    shards on `device` (uninitialised: a checkpoint's shards are read into it next), and its
+    fixed position tables computed, which no checkpoint holds."""
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, table in model.fixed_tables().items():
+            getattr(model, name).copy_(table)
+
+
 def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
