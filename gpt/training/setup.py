@@ -76,10 +76,22 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     # Mapped, not read, under FSDP2: each process then takes its shards from pages the node's
     # processes share, instead of every process holding the whole state privately.
     resumed = checkpoint.load(source, mmap=sharded) if source else None
+    # Under FSDP2 no process but rank 0 ever holds a new run's whole model: the others build its
+    # shapes on the meta device, and rank 0's weights reach them shard by shard after sharding.
+    # Resuming a sharded checkpoint, no process holds it whole: each reads its own shards.
+    from_rank_0 = sharded and resumed is None
+    reads_shards = sharded and resumed is not None and resumed.shards is not None
+    on_meta = reads_shards or (from_rank_0 and not dist.is_main)
+    building = (lambda: torch.device("meta")) if on_meta else contextlib.nullcontext
     # The weights a new finetune starts from, loaded once: conversations are tokenized with their
     # tokenizer (a resumed finetune's checkpoint has it).
-    base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout)) if cfg.init_from and resumed is None else None
-    base_tokenizer = (resumed.tokenizer if resumed is not None else base.tokenizer_spec) if cfg.init_from else None
+    loads_base = cfg.init_from and resumed is None and not (from_rank_0 and not dist.is_main)
+    base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout)) if loads_base else None
+    base_tokenizer = (
+        (resumed.tokenizer if resumed is not None else getattr(base, "tokenizer_spec", None)) if cfg.init_from else None
+    )
+    if from_rank_0 and cfg.init_from:
+        base_tokenizer = distributed.broadcast(base_tokenizer, dist)
     data = _load_data(cfg, dist, log, base_tokenizer)
     tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     state = resumed.training if resumed is not None else None
@@ -87,29 +99,39 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         notice = rt.threads.adopt(state.threads)
         if notice:
             log(notice)
-    # Resuming a sharded checkpoint sharded, no process builds the whole model: its shapes on the
-    # meta device, sharded, then memory for this process's shards, read from its files.
-    on_meta = sharded and resumed is not None and resumed.shards is not None
-    building = (lambda: torch.device("meta")) if on_meta else contextlib.nullcontext
     with building():
-        model, model_config = _model(cfg, data, resumed, log, base)
+        if from_rank_0 and not dist.is_main:  # rank 0's shapes (a finetune's base may have grown or been cropped)
+            model = registry.build(registry.config_from_dict(distributed.broadcast(None, dist)))
+            model_config = model.config
+        else:
+            model, model_config = _model(cfg, data, resumed, log, base)
+            if from_rank_0:
+                distributed.broadcast(registry.config_to_dict(model_config), dist)
     notices = data.check_fits(model_config.block_size)  # said once the batches exist
     cfg = replace(cfg, train=_horizon(cfg, model, model_config, dist, log))
     cfg = replace(cfg, optim=_schedule_settings(cfg, resumed, log))
     cfg = replace(cfg, finetune=_finetune_settings(cfg, resumed, log))
     with building():  # LoRA's adapters, on the meta device too
         lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
-    if not on_meta:
+    whole = None
+    if from_rank_0:  # rank 0's weights (LoRA's new adapters too), kept on the CPU; its model becomes shapes
+        whole = model.state_dict() if dist.is_main else {}
+        sharding.to_meta(model)
+    elif not on_meta:
         model = model.to(rt.device)
     if resumed is not None and resumed.shards is None:  # whole weights into the whole model, before any sharding
         _load_weights(resumed, source, model)
     if sharded:
         model = sharding.shard(model, rt)
-    if on_meta:
+    if from_rank_0:
+        sharding.materialize(model, rt.device)
+        sharding.load_from_rank_0(model, whole)
+        del whole
+    elif reads_shards:
         sharding.materialize(model, rt.device)
         log(f"built on the meta device: each process holds only its shards, read from {source.name}")
     optimizer = build_optimizer(model, cfg.optim, rt.device)  # after sharding: it steps the shards
-    if on_meta:
+    if reads_shards:
         _read_shards(resumed, source, model, optimizer)
     batches = data.batches(
         "train", model_config.block_size, cfg.train.batch_size, rt.device, cfg.seed, dist.rank, dist.world_size

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -24,7 +24,8 @@ from gpt.runtime import devices
 
 
 def shard(model: nn.Module, rt: devices.Runtime) -> nn.Module:
-    """`model` (a GPT on this process's device, in every process) sharded in place over the
+    """`model` (a GPT on this process's device, or shapes only on the meta device: `materialize`
+    then gives it memory; in every process) sharded in place over the
     default process group: each transformer block one unit (its weights gathered for its own
     forward and backward only), the root the rest (the tied embedding and LM head, the final
     norm). Compiled block by block when `rt.compile` (a compiled block is one graph; the
@@ -32,8 +33,6 @@ def shard(model: nn.Module, rt: devices.Runtime) -> nn.Module:
     and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32."""
     if not hasattr(model, "transformer"):  # a recurrent model resumed or started from (init_from)
         raise TinyGPTError("distributed=fsdp shards a GPT block by block; this run's model is recurrent: use distributed=ddp")
-    if not next(model.parameters()).is_meta:  # a meta-device model (shapes only) has no values to agree on
-        _broadcast_from_rank_0(model)
     policy = MixedPrecisionPolicy()
     if rt.device.type == "cuda" and rt.dtype == torch.bfloat16:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -45,13 +44,27 @@ def shard(model: nn.Module, rt: devices.Runtime) -> nn.Module:
     return model
 
 
-@torch.no_grad()
-def _broadcast_from_rank_0(model: nn.Module) -> None:
-    """Every process initialised its own weights (seeds differ by rank, for dropout): rank 0's
-    are the model's, as DDP makes them when it wraps. (fully_shard keeps each process's slice of
-    whatever that process holds, so without this the shards would be of different models.)"""
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
+def load_from_rank_0(model: nn.Module, whole: dict) -> None:
+    """The sharded, materialized `model` filled with rank 0's whole weights (`whole`; {} on every
+    other rank, which never held them): each process receives only its shards. Ranks are seeded
+    apart (for dropout), so rank 0's initial weights are the model's, as DDP makes them when it
+    wraps. (torch's set_model_state_dict does the broadcast, tensor by tensor.)"""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, whole, options=options)
+
+
+def to_meta(model: nn.Module) -> None:
+    """`model`'s weights dropped, its shapes kept (the meta device), with tied weights still one
+    parameter: Module.to("meta") gives each module a parameter of its own."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                places.setdefault(id(p), []).append((module, name))
+    model.to("meta")
+    for (first, name), *others in places.values():
+        for module, other in others:
+            setattr(module, other, getattr(first, name))
 
 
 def materialize(model: nn.Module, device: torch.device) -> None:
@@ -59,9 +72,8 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     shards on `device` (uninitialised: a checkpoint's shards are read into it next), and its
     fixed position tables computed, which no checkpoint holds."""
     model.to_empty(device=device)
-    with torch.no_grad():
-        for name, table in model.fixed_tables().items():
-            getattr(model, name).copy_(table)
+    for name, table in model.fixed_tables().items():
+        setattr(model, name, table.to(device))  # a buffer replaced: its length follows the config's context
 
 
 def is_sharded(model: nn.Module) -> bool:
