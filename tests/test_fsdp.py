@@ -254,3 +254,27 @@ def test_a_llama_folder_finetuned_sharded_trains_like_one_process_and_exports(tm
         idx = torch.randint(0, ours.config.vocab_size, (2, 16))
         with torch.no_grad():
             assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5, name
+
+
+@pytest.mark.slow
+def test_a_tied_table_some_process_holds_no_rows_of_saves_and_resumes(tmp_path, data_root):
+    """Three processes over a tied 2-token table: the third holds no rows of it (FSDP2 cuts by
+    rows), yet every process must agree that the embedding and the LM head are one tensor, or
+    DCP refuses the save. It saves sharded, resumes sharded, and reads back whole and tied."""
+    root, _ = data_root
+    corpus = tmp_path / "ab.txt"
+    corpus.write_text("".join("ab"[(i * 7 + i // 3) % 2] for i in range(6000)))
+    args = [
+        "data=local", f"data.source.path={corpus}", "data.name=ab", "data.tokenizer.kind=char", "data.split_by=tail",
+        *SHAPES["gpt2-block"],
+        "optim=adamw", *EXACT, "train.batch_size=2", "train.eval_interval=2", "train.eval_iters=1",
+        "train.sample_tokens=0", "train.eval_sample_tokens=0", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    first = _torchrun(3, [*args, "train.max_iters=2"], tmp_path, root)
+    assert first.returncode == 0 and "FSDP2 over 3 processes" in first.stdout, first.stderr[-3000:]
+    _assert_sharded_by(3, runs.latest(tmp_path / "run"))
+    again = _torchrun(3, [*args, "train.max_iters=4"], tmp_path, root)
+    assert again.returncode == 0 and "built on the meta device" in again.stdout, again.stderr[-3000:]
+    ckpt = checkpoint.load(runs.latest(tmp_path / "run"))
+    assert ckpt.step == 4 and ckpt.model["lm_head.weight"].shape[0] == 2
+    assert ckpt.model["lm_head.weight"] is ckpt.model["transformer.wte.weight"]

@@ -130,6 +130,12 @@ def test_a_damaged_newest_sharded_checkpoint_is_set_aside_with_its_folder(tmp_pa
     assert {p.name for p in folder.iterdir()} == {
         "ckpt-0000002.pt", "ckpt-0000002.shards", "ckpt-0000004.pt.damaged", "ckpt-0000004.shards.damaged"
     }  # fmt: skip
+    # set aside again (a later save of step 4 damaged too): both get the next free mark, even where
+    # only the folder's name is taken
+    (folder / "ckpt-0000004.pt.damaged").rename(folder / "ckpt-0000004.pt")
+    (folder / "ckpt-0000004.shards").mkdir()
+    assert runs.set_aside(folder / "ckpt-0000004.pt").name == "ckpt-0000004.pt.damaged-2"
+    assert (folder / "ckpt-0000004.shards.damaged-2").is_dir() and (folder / "ckpt-0000004.shards.damaged").is_dir()
 
 
 def test_a_failed_sharded_save_keeps_the_checkpoint_that_was_there(tmp_path, monkeypatch):
@@ -166,9 +172,12 @@ def test_leftovers_of_a_killed_sharded_save_are_removed_and_retention_takes_fold
     # killed while the processes wrote (a temporary folder), and after the rename, before the file
     shutil.copytree(folder / "ckpt-0000006.shards", folder / "ckpt-0000008.shards.tmp-4242")
     shutil.copytree(folder / "ckpt-0000006.shards", folder / "ckpt-0000010.shards")
+    # an older folder without its file is not a save cut short (a save cut short is the newest): it stays
+    shutil.copytree(folder / "ckpt-0000006.shards", folder / "ckpt-0000001.shards")
     runs.remove_leftovers(tmp_path)
     names = {p.name for p in folder.iterdir()}
-    assert names == {f"ckpt-000000{s}.{kind}" for s in (2, 4, 6) for kind in ("pt", "shards")}
+    assert names == {f"ckpt-000000{s}.{kind}" for s in (2, 4, 6) for kind in ("pt", "shards")} | {"ckpt-0000001.shards"}
+    shutil.rmtree(folder / "ckpt-0000001.shards")
     assert runs.latest(tmp_path).name == "ckpt-0000006.pt"
     runs.prune(tmp_path, keep_last=1)
     assert {p.name for p in folder.iterdir()} == {"ckpt-0000006.pt", "ckpt-0000006.shards"}

@@ -57,14 +57,14 @@ def shards_folder(path: Path) -> Path:
 def set_aside(path: Path) -> Path:
     """Rename a checkpoint that cannot be used to `<name>.damaged` (kept for a look, out of the way
     of retention and resuming); returns the new path."""
+    folder = shards_folder(path)
     target, n = path.with_name(path.name + ".damaged"), 1
-    while target.exists():
+    while target.exists() or folder.with_name(folder.name + target.name.removeprefix(path.name)).exists():
         n += 1
         target = path.with_name(f"{path.name}.damaged-{n}")
-    path.rename(target)
-    folder = shards_folder(path)
-    if folder.is_dir():  # a sharded checkpoint's tensors go aside with it, under the same mark
+    if folder.is_dir():  # a sharded checkpoint's tensors go aside with it, under the same mark, first
         folder.rename(folder.with_name(folder.name + target.name.removeprefix(path.name)))
+    path.rename(target)
     return target
 
 
@@ -78,8 +78,13 @@ def remove_leftovers(run_dir: Path) -> None:
     for tmp in folder.glob(f"*{SHARDS}.tmp-*"):
         if temporary_owner(tmp) is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    # A save cut short after its folder was renamed, before its file was written: always the
+    # newest step (an older folder without its file is someone's doing, and stays).
+    newest = latest(run_dir)
     for shards in folder.glob(f"ckpt-*{SHARDS}"):
-        if shards.is_dir() and not shards.with_suffix(".pt").exists():
+        m = _STEP_FILE.match(shards.with_suffix(".pt").name)
+        newer = m is not None and (newest is None or int(m.group(1)) > int(_STEP_FILE.match(newest.name).group(1)))
+        if newer and shards.is_dir() and not shards.with_suffix(".pt").exists():
             shutil.rmtree(shards, ignore_errors=True)
 
 

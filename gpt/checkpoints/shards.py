@@ -56,11 +56,15 @@ def split(state) -> tuple[object, dict[str, torch.Tensor]]:
 
 def _identity(t: torch.Tensor) -> object:
     """What makes two tensors one: a state dict holds a tied weight as two tensor objects (one
-    detached view per name) over the same memory; a placeholder (no memory) is itself."""
+    detached view per name) over the same memory; a placeholder (no memory) is itself. By the
+    storage, not the tensor's own data_ptr: that is 0 for a view of no elements, which is what a
+    process holding no rows of a small tied table has (FSDP2 cuts by rows), and then that process
+    alone would see two tensors, and the processes would disagree on what to write."""
     local = t.to_local() if isinstance(t, DTensor) else t
-    if local.is_meta or local.data_ptr() == 0:
+    storage = local.untyped_storage().data_ptr() if not local.is_meta else 0
+    if storage == 0:
         return id(t)
-    return (local.data_ptr(), local.dtype, tuple(t.shape), local.stride())
+    return (storage, local.storage_offset(), local.dtype, tuple(t.shape), local.stride())
 
 
 def placeholders(skeleton) -> dict[str, torch.Tensor]:
@@ -111,10 +115,12 @@ def write(path: Path, tensors: dict[str, torch.Tensor], is_main: bool) -> dict:
     if failed is not None:
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise TinyGPTError(
-            f"cannot write the shards of checkpoint {path} ({getattr(failed, 'strerror', None) or _reason(failed)}); the previous "
-            f"checkpoints are kept: free space or choose another paths.runs_dir / hydra.run.dir"
-        )
+        if isinstance(failed, OSError):
+            raise TinyGPTError(
+                f"cannot write the shards of checkpoint {path} ({failed.strerror or failed}); the previous checkpoints are "
+                f"kept: free space or choose another paths.runs_dir / hydra.run.dir"
+            )
+        raise TinyGPTError(f"cannot write the shards of checkpoint {path} ({_reason(failed)}); the previous checkpoints are kept")
     return record
 
 

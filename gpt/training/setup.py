@@ -76,21 +76,21 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     # Mapped, not read, under FSDP2: each process then takes its shards from pages the node's
     # processes share, instead of every process holding the whole state privately.
     resumed = checkpoint.load(source, mmap=sharded) if source else None
-    # Under FSDP2 no process but rank 0 ever holds a new run's whole model: the others build its
-    # shapes on the meta device, and rank 0's weights reach them shard by shard after sharding.
-    # Resuming a sharded checkpoint, no process holds it whole: each reads its own shards.
+    # Under FSDP2 only rank 0 holds a new run's whole model (the others build shapes on the meta
+    # device and receive their shards); resuming a sharded checkpoint, each reads its own shards.
     from_rank_0 = sharded and resumed is None
     reads_shards = sharded and resumed is not None and resumed.shards is not None
     on_meta = reads_shards or (from_rank_0 and not dist.is_main)
     building = (lambda: torch.device("meta")) if on_meta else contextlib.nullcontext
-    # The weights a new finetune starts from, loaded once: conversations are tokenized with their
-    # tokenizer (a resumed finetune's checkpoint has it).
+    # The weights a new finetune starts from, loaded once (rank 0 alone under FSDP2): conversations
+    # are tokenized with their tokenizer (a resumed finetune's checkpoint has it).
     loads_base = cfg.init_from and resumed is None and not (from_rank_0 and not dist.is_main)
     base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout)) if loads_base else None
     base_tokenizer = (
         (resumed.tokenizer if resumed is not None else getattr(base, "tokenizer_spec", None)) if cfg.init_from else None
     )
-    if from_rank_0 and cfg.init_from:
+    if from_rank_0 and cfg.init_from:  # rank 0 may be downloading it: the others wait patiently
+        distributed.barrier(dist, patient=True)
         base_tokenizer = distributed.broadcast(base_tokenizer, dist)
     data = _load_data(cfg, dist, log, base_tokenizer)
     tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
@@ -100,13 +100,14 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         if notice:
             log(notice)
     with building():
-        if from_rank_0 and not dist.is_main:  # rank 0's shapes (a finetune's base may have grown or been cropped)
-            model = registry.build(registry.config_from_dict(distributed.broadcast(None, dist)))
-            model_config = model.config
-        else:
+        if not (from_rank_0 and not dist.is_main):
             model, model_config = _model(cfg, data, resumed, log, base)
-            if from_rank_0:
-                distributed.broadcast(registry.config_to_dict(model_config), dist)
+        if from_rank_0:  # rank 0's shapes (a finetune's base may have grown or been cropped), after it built them
+            distributed.barrier(dist, patient=True)
+            shape = distributed.broadcast(registry.config_to_dict(model_config) if dist.is_main else None, dist)
+            if not dist.is_main:
+                model = registry.build(registry.config_from_dict(shape))
+                model_config = model.config
     notices = data.check_fits(model_config.block_size)  # said once the batches exist
     cfg = replace(cfg, train=_horizon(cfg, model, model_config, dist, log))
     cfg = replace(cfg, optim=_schedule_settings(cfg, resumed, log))

@@ -151,4 +151,6 @@ def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         return DTensor.from_local(
             cut.to_local().clone(), param.device_mesh, param.placements, shape=param.shape, stride=cut.stride()
         )
+    if isinstance(value, DTensor) and value.placements == getattr(param, "placements", None):
+        return value  # read from a sharded checkpoint into a fresh tensor cut like `param` (load_targets): its own already
     return value.clone()
