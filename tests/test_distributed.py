@@ -220,3 +220,27 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
     # launch would have no one to kill it)
     assert "rank 0 could not save step 20" in proc.stderr + proc.stdout, proc.stderr[-3000:]
     assert [p.name for p in runs.step_checkpoints(run_dir)] == ["ckpt-0000010.pt"]
+
+
+@pytest.mark.slow
+def test_a_mistake_rank_0_meets_alone_is_one_line_on_every_rank(tmp_path, data_root):
+    """Rank 0 alone prepares the data and refuses it (one document cannot be split by documents):
+    the other process, waiting for it at a barrier, says in one line why it stops instead of
+    burying rank 0's error under torch.distributed's traceback."""
+    root, _ = data_root
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("one document and nothing else " * 200)
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
+    args = [
+        "data=local",
+        f"data.source.path={corpus}",
+        "data.tokenizer.kind=char",
+        "device=cpu",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run([*TORCHRUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert out.count("error: splitting by documents needs at least 2 documents") == 1, out[-3000:]
+    assert "error: process 1 of 2 stopped because another process of this run exited" in out, out[-3000:]
+    assert "[rank1]" not in out and "Error executing job" not in out, out[-3000:]

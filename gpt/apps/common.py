@@ -56,6 +56,31 @@ def guard(fn: Callable[[], T]) -> T:
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a traceback
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except RuntimeError as e:
+        if not _left_alone(e):
+            raise
+        line = (str(e).strip().splitlines() or [""])[0]
+        reason = (line[line.find("] ") + 2 :] if line.startswith("[") else line).split(". ")[0]  # gloo's source path, advice
+        fail(
+            f"process {rank()} of {world_size()} stopped because another process of this run exited ({reason}): its error says why"
+        )
+
+
+# How gloo and the c10d store report a process that has gone (NCCL's watchdog aborts instead).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+def _left_alone(error: RuntimeError) -> bool:
+    """Whether a collective failed because another process of a distributed run has exited (it
+    met a user's mistake first and said so in one line): this one's traceback would bury that
+    line under fifty of torch.distributed's."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    in_collective = bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1]
+    return world_size() > 1 and in_collective and any(s in str(error) for s in _PEER_GONE)
 
 
 def _log_to_files(message: str) -> list[str]:
