@@ -193,6 +193,13 @@ def test_ns_precision_follows_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # T4: emulated bf16
     assert ns_dtype_for(s, torch.device("cuda")) == torch.float32
     assert ns_dtype_for(MuonSettings(ns_dtype="bfloat16"), torch.device("cpu")) == torch.bfloat16
+    # a resumed run keeps its checkpoint's where this device computes it natively, else the rule's
+    assert ns_dtype_for(s, torch.device("cuda"), recorded="bfloat16") == torch.float32  # the T4 would emulate it
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert ns_dtype_for(s, torch.device("cpu"), recorded="float32") == torch.float32
+    assert ns_dtype_for(s, torch.device("cpu"), recorded="bfloat16") == torch.bfloat16
+    assert ns_dtype_for(MuonSettings(ns_dtype="bfloat16"), torch.device("cpu"), recorded="float32") == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     line = build_optimizer(_tiny_gpt(), s, torch.device("cpu")).describe()  # what the trainer prints
     assert line.startswith("muon on 8 tensors (6,144 parameters, peak lr 0.02, Newton-Schulz in float32) + adamw on 20 tensors")
 

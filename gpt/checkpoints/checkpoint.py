@@ -54,6 +54,8 @@ class TrainingState:
     bad_steps: int = 0  # non-finite steps skipped so far
     bad_in_a_row: int = 0
     threads: int | None = None  # CPU threads it was trained with (None: unknown, format < 3)
+    dtype: str | None = None  # compute dtype it was trained in ("bfloat16"; None: unknown, an older checkpoint)
+    ns_dtype: str | None = None  # Muon's Newton-Schulz dtype (None: no Muon, or unknown)
     elapsed_s: float = 0.0  # wall-clock seconds the run took to reach this step, over all its resumes
     best_elapsed_s: float | None = None  # elapsed_s when the best val loss so far was reached
 

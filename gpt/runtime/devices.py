@@ -94,6 +94,38 @@ def pick_dtype(device: torch.device, requested: str = "auto", training: bool = F
     return torch.float32, f"dtype float32 (default on {device.type})"
 
 
+def native(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `device` computes in `dtype` at full speed: fp32 anywhere; bf16 on CUDA from Ampere
+    (SM 80) and on CPUs with AVX-512 BF16 or AMX; fp16 on CUDA. (Elsewhere it is emulated, ~10x
+    slower, or, on MPS, patchy under autocast.)"""
+    if dtype == torch.float32:
+        return True
+    if device.type == "cuda":
+        return dtype == torch.float16 or torch.cuda.get_device_capability(device) >= (8, 0)
+    return dtype == torch.bfloat16 and device.type == "cpu" and cpu_has_native_bf16()
+
+
+def adopt_dtype(rt: Runtime, recorded: str | None, requested: str) -> str | None:
+    """A resumed run computes in the dtype its checkpoint was trained in (`recorded`) where
+    dtype=auto picks another here (another machine: a CPU with bf16 and one without pick apart),
+    so that its steps compute as its earlier ones did; unless the user chose a dtype, or this
+    device would only emulate the recorded one. A notice whenever they differ."""
+    if recorded is None or recorded not in _DTYPES or _DTYPES[recorded] == rt.dtype:
+        return None
+    here = str(rt.dtype).removeprefix("torch.")
+    if requested != "auto":
+        return (
+            f"notice: dtype {here} (set) where the checkpoint was trained in {recorded}: the resumed steps "
+            f"compute differently from the earlier ones (dtype={recorded} keeps them alike)"
+        )
+    if not native(_DTYPES[recorded], rt.device):
+        return f"notice: dtype {here}: the checkpoint was trained in {recorded}, which {rt.device.type} here would only emulate"
+    rt.dtype = _DTYPES[recorded]
+    why = f"dtype {recorded}, the dtype the checkpoint was trained in"
+    rt.reasons = [why if r.startswith("dtype ") else r for r in rt.reasons]
+    return f"notice: {why} (dtype=auto here picks {here}), so that the resumed steps compute as the earlier ones did"
+
+
 def pick_compile(device: torch.device, requested: str | bool = "auto") -> tuple[bool, str]:
     choice = str(requested).strip().lower()  # compile=true arrives as "True" in a string setting
     if choice not in ("auto", "true", "false"):

@@ -223,6 +223,11 @@ class Optimizers(torch.optim.Optimizer):
         self.param_groups = [g for o in self.parts for g in o.param_groups]
         self.state = ChainMap(*(o.state for o in self.parts))
 
+    @property
+    def ns_dtype(self) -> str | None:
+        """Muon's Newton-Schulz dtype ("bfloat16"), None without Muon: a checkpoint records it."""
+        return next((str(o.ns_dtype).removeprefix("torch.") for o in self.parts if isinstance(o, Muon)), None)
+
     def describe(self) -> str:
         """'muon on 16 tensors (786,432 parameters, peak lr 0.02, Newton-Schulz in float32) + ...'"""
         parts = {}
@@ -230,7 +235,7 @@ class Optimizers(torch.optim.Optimizer):
             n, size = parts.get(g["kind"], (0, 0))
             parts[g["kind"]] = (n + len(g["params"]), size + sum(p.numel() for p in g["params"]))
         peak = {g["kind"]: g["base_lr"] for g in self.param_groups}
-        ns = next((str(o.ns_dtype).removeprefix("torch.") for o in self.parts if isinstance(o, Muon)), None)
+        ns = self.ns_dtype
         return " + ".join(
             f"{kind} on {n} tensors ({size:,} parameters, peak lr {peak[kind]:g}"
             + (f", Newton-Schulz in {ns})" if kind == "muon" else ")")
@@ -320,23 +325,25 @@ class Optimizers(torch.optim.Optimizer):
         self.state = ChainMap(*(o.state for o in self.parts))
 
 
-def ns_dtype_for(settings: MuonSettings, device: torch.device) -> torch.dtype:
+def ns_dtype_for(settings: MuonSettings, device: torch.device, recorded: str | None = None) -> torch.dtype:
     """bf16 where the hardware multiplies it natively: CUDA from Ampere (SM 80) on, and CPUs with
     AVX-512 BF16 or AMX (the quickstart's Newton-Schulz 2.7x faster than fp32 on an AVX-512 BF16
     EPYC; its final val 0.005-0.017 above fp32's at equal steps over two seeds, from steps ~15%
-    shorter); fp32 elsewhere: older GPUs and CPUs with AVX2 alone emulate bf16, ~10x slower."""
+    shorter); fp32 elsewhere: older GPUs and CPUs with AVX2 alone emulate bf16, ~10x slower.
+    A resumed run (`recorded`: its checkpoint's) keeps its own where this device computes it natively."""
     if settings.ns_dtype != "auto":
         return getattr(torch, settings.ns_dtype)
-    if device.type == "cuda":
-        native = torch.cuda.get_device_capability(device) >= (8, 0)
-    else:
-        native = device.type == "cpu" and devices.cpu_has_native_bf16()
-    return torch.bfloat16 if native else torch.float32
+    if recorded in ("float32", "bfloat16") and devices.native(getattr(torch, recorded), device):
+        return getattr(torch, recorded)
+    return torch.bfloat16 if devices.native(torch.bfloat16, device) else torch.float32
 
 
-def build_optimizer(model: nn.Module, settings: AdamWSettings, device: torch.device) -> Optimizers:
+def build_optimizer(
+    model: nn.Module, settings: AdamWSettings, device: torch.device, ns_recorded: str | None = None
+) -> Optimizers:
     """`settings` is AdamWSettings (optim=adamw) or MuonSettings (optim=muon). AdamW takes torch's
-    fused kernel wherever torch has one for the device (CPU and CUDA included)."""
+    fused kernel wherever torch has one for the device (CPU and CUDA included). `ns_recorded`: a
+    resumed run's Newton-Schulz dtype (Optimizers.ns_dtype)."""
     groups = [{**g, "lr": g["base_lr"]} for g in param_groups(model, settings) if g["params"]]
     adamw = [g for g in groups if g["kind"] == "adamw"]
     muon = [g for g in groups if g["kind"] == "muon"]
@@ -346,7 +353,7 @@ def build_optimizer(model: nn.Module, settings: AdamWSettings, device: torch.dev
         betas = (settings.beta1, settings.beta2)
         parts.append(torch.optim.AdamW(adamw, lr=settings.lr, betas=betas, eps=settings.eps, fused=fused))
     if muon:
-        ns_dtype = ns_dtype_for(settings, device)
+        ns_dtype = ns_dtype_for(settings, device, ns_recorded)
         parts.append(Muon(muon, lr=settings.muon_lr, momentum=settings.momentum, ns_steps=settings.ns_steps, ns_dtype=ns_dtype))
     return Optimizers(parts)
 

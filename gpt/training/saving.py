@@ -36,6 +36,8 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, state: d
             bad_in_a_row=p.bad_in_a_row,
             # a CPU run's count (a resume takes it: gpt.runtime.threads); a GPU run's host threads decide nothing
             threads=run.rt.threads.count if run.rt.threads is not None and run.rt.device.type == "cpu" else None,
+            dtype=str(run.rt.dtype).removeprefix("torch."),  # a resume computes alike (gpt.runtime.devices.adopt_dtype)
+            ns_dtype=run.optimizer.ns_dtype,
             elapsed_s=p.elapsed_s,
             best_elapsed_s=p.best_elapsed_s,
         )

@@ -69,8 +69,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         log(
             "notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains whole"
         )
-    # Per-rank seeds: ranks must not share dropout masks. (The data stream has its own
-    # generator, seeded alike on every rank; see RandomWindows.)
+    # Per-rank seeds: no shared dropout masks (the data stream's own generator: RandomWindows).
     devices.seed_everything(cfg.seed + dist.rank)
 
     # Mapped, not read, under FSDP2: each process then takes its shards from pages the node's
@@ -95,10 +94,11 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     data = _load_data(cfg, dist, log, base_tokenizer)
     tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
     state = resumed.training if resumed is not None else None
-    if state is not None and len(state.rng) == dist.world_size:  # its steps bitwise as if never stopped
-        notice = rt.threads.adopt(state.threads)
-        if notice:
-            log(notice)
+    if state is not None:  # computed as it was trained: its steps bitwise as if never stopped
+        bitwise = len(state.rng) == dist.world_size  # (the thread count matters only then)
+        for notice in (devices.adopt_dtype(rt, state.dtype, cfg.dtype), rt.threads.adopt(state.threads) if bitwise else None):
+            if notice:
+                log(notice)
     with building():
         if not (from_rank_0 and not dist.is_main):
             model, model_config = _model(cfg, data, resumed, log, base)
@@ -131,7 +131,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     elif reads_shards:
         sharding.materialize(model, rt.device)
         log(f"built on the meta device: each process holds only its shards, read from {source.name}")
-    optimizer = build_optimizer(model, cfg.optim, rt.device)  # after sharding: it steps the shards
+    optimizer = build_optimizer(model, cfg.optim, rt.device, state and state.ns_dtype)  # after sharding: it steps the shards
     if reads_shards:
         _read_shards(resumed, source, model, optimizer)
     batches = data.batches(

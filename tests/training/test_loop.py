@@ -55,6 +55,27 @@ def test_resume_continues_the_exact_trajectory(tmp_path, data_root, stop_at, acc
     assert [e["step"] for e in evals("split")] == [0, 10, 20, 30]  # no eval repeated or skipped at the resume
 
 
+def test_a_run_resumed_where_auto_picks_another_dtype_computes_as_it_was_trained(tmp_path, data_root, monkeypatch, caplog):
+    """Trained in fp32 (a CPU without bf16: dtype=float32 and fp32 Newton-Schulz stand for it),
+    resumed under dtype=auto on a CPU with native bf16 (pretended), where auto would pick bf16 for
+    both: the checkpoint's dtypes are kept, so the steps are bitwise the uninterrupted run's."""
+    from gpt.runtime import devices
+
+    root, data_overrides = data_root
+    base = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "optim=muon"]
+    fp32 = [*base, "dtype=float32", "optim.ns_dtype=float32"]
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: True)
+    full = train_recording_losses(compose(fp32, tmp_path / "full"))
+    first = train_recording_losses(compose(fp32, tmp_path / "split"), stop_after=13)
+    with caplog.at_level("INFO", logger="tinygpt"):
+        rest = train_recording_losses(compose(base, tmp_path / "split"))  # dtype=auto, ns_dtype=auto
+    assert {**first, **rest} == full
+    assert "notice: dtype float32, the dtype the checkpoint was trained in (dtype=auto here picks bfloat16)" in caplog.text
+    assert "Newton-Schulz in float32" in caplog.text
+    ckpt = checkpoint.load(runs.latest(tmp_path / "split"))
+    assert (ckpt.training.dtype, ckpt.training.ns_dtype) == ("float32", "float32")
+
+
 def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
     root, data_overrides = data_root
     overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"]
