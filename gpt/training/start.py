@@ -96,7 +96,7 @@ def claim(settings: RunConfig, run_dir: Path, log=None) -> Claim:
     refused start releases the lock and leaves no empty directory it made. The lock's refusal is
     a RunRefused (the directory is another process's: nothing of it may be touched)."""
     run_dir = Path(run_dir).expanduser().absolute()
-    created = not run_dir.exists()
+    outermost = next((f for f in (run_dir, *run_dir.parents) if not f.exists() and f.parent.exists()), None)  # made here
     lock = RunLock(run_dir, log=log or (lambda m: print(m, file=sys.stderr)))
     try:
         lock.acquire()
@@ -108,9 +108,16 @@ def claim(settings: RunConfig, run_dir: Path, log=None) -> Claim:
         return Claim(run_dir, preflight(settings, run_dir), lock)
     except BaseException:
         lock.release()
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        _remove_empty(run_dir, outermost)
         raise
+
+
+def _remove_empty(folder: Path, outermost: Path | None) -> None:
+    """The folders a refused start made (the run directory and, on a first run, outputs/runs/
+    above it), up to `outermost`, each only if it is empty."""
+    while outermost is not None and folder.is_relative_to(outermost) and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def _check_data_root(root: Path) -> None:

@@ -237,3 +237,15 @@ def test_bad_inputs_get_one_line_and_touch_nothing(case, trained_run, data_root,
     for where in before:
         assert {k: after[where].get(k) for k in before[where]} == before[where], where
     assert not (run_dir / ".hydra-1").exists() and not (tmp_path / "broken_run" / ".hydra-1").exists()
+
+
+def test_a_refused_first_run_leaves_no_folder_behind(tmp_path, data_root):
+    """Refused before it trains (a misspelt dtype): no outputs/runs/ left in the working folder,
+    and a folder that was there already is left alone, empty or not."""
+    root, data = data_root
+    proc = run_script("train.py", ["debug=tiny", *data, "dtype=bf16"], tmp_path, root)
+    assert_one_line_error(proc, "dtype='bf16' is unknown")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "outputs" / "runs").mkdir(parents=True)
+    assert_one_line_error(run_script("train.py", ["debug=tiny", *data, "dtype=bf16"], tmp_path, root))
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["outputs", "outputs/runs"]
