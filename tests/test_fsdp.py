@@ -278,3 +278,44 @@ def test_a_tied_table_some_process_holds_no_rows_of_saves_and_resumes(tmp_path, 
     ckpt = checkpoint.load(runs.latest(tmp_path / "run"))
     assert ckpt.step == 4 and ckpt.model["lm_head.weight"].shape[0] == 2
     assert ckpt.model["lm_head.weight"] is ckpt.model["transformer.wte.weight"]
+
+
+@pytest.mark.slow
+def test_eval_tasks_are_scored_by_every_process_and_equal_scoring_the_saved_model(tmp_path, data_root):
+    """train.eval_tasks under FSDP2: rank 0 reads the items (local copies under the data root) and
+    hands them to the other process; both score them with the sharded model; rank 0 records
+    figures equal to scoring the saved step-4 model in one process (lambada's perplexity is a
+    continuous check of it)."""
+    from gpt.config import TaskSettings
+    from gpt.evals.tasks import evaluate_task, examples
+    from gpt.tokenizers import tokenizer_from_dict
+
+    root, data = data_root
+    own = tmp_path / "root"
+    (own / "tasks").mkdir(parents=True)
+    for entry in root.iterdir():  # the prepared data, linked
+        (own / entry.name).symlink_to(entry)
+    lambada = ["He looked at the clock and said it was time to go home", "The cat sat on the mat", "She opened the gate"]
+    (own / "tasks" / "lambada.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lambada))
+    arc = [
+        {"id": str(i), "question": q, "choices": {"text": c, "label": list("ABC"[: len(c)])}, "answerKey": "A"}
+        for i, (q, c) in enumerate([("Which is a bird?", ["crow", "stone"]), ("What falls?", ["rain", "up", "sky"])])
+    ]
+    (own / "tasks" / "arc_easy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arc))
+    args = [
+        *data, *SHAPES["gpt2-block"], "optim=adamw", *EXACT, "train.max_iters=4", "train.eval_interval=2",
+        "train.eval_iters=1", "train.sample_tokens=0", "train.eval_tasks=[lambada,arc_easy]", "distributed=fsdp",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    proc = _torchrun(2, args, tmp_path, own)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("task lambada: 3 items scored at every eval") == 1  # read by rank 0 alone
+    recorded = _metrics(tmp_path / "run", "tasks")
+    assert sorted(recorded) == [0, 2, 4]
+    ckpt = checkpoint.load(runs.latest(tmp_path / "run"))
+    model, tokenizer = loading.model_from_checkpoint(ckpt).eval(), tokenizer_from_dict(ckpt.tokenizer)
+    for name in ("lambada", "arc_easy"):
+        alone = evaluate_task(model, tokenizer, name, examples(TaskSettings(name), own), torch.device("cpu"))
+        for metric, value in recorded[4][name].items():
+            assert abs(value - alone[metric]) <= 1e-5 * max(1.0, abs(value)), (name, metric, value, alone[metric])
+    assert recorded[4]["lambada"]["perplexity"] != recorded[0]["lambada"]["perplexity"]  # scored afresh at each eval

@@ -190,6 +190,18 @@ def metric_names(name: str) -> tuple[str, ...]:
     return ("acc", "perplexity") if task_of(name).cloze else ("acc", "acc_norm")
 
 
+def training_items(ts, data_root: Path, tokenizer, log) -> dict[str, list[Example]]:
+    """The items of a training run's eval tasks (`ts`: its TrainSettings), read and encoded once
+    before training: a task that cannot be had (offline, no local copy) or read with this
+    tokenizer fails now, not at the first eval."""
+    out = {}
+    for name in ts.eval_tasks:
+        out[name] = examples(TaskSettings(name, limit=ts.eval_task_limit), data_root)
+        requests(tokenizer, name, out[name])
+        log(f"task {name}: {len(out[name]):,} items scored at every eval")
+    return out
+
+
 def requests(tokenizer, name: str, items: list[Example]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
     """Every (context, choice) of the items as token ids, and the item each belongs to. Raises a
     one-line error naming the item when the tokenizer cannot encode it (a char vocabulary). A

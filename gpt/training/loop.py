@@ -52,7 +52,8 @@ class Trainer:
         self.guard = steps.Guard()  # the non-finite verdicts not read yet
         self.tokens_in_interval = 0  # real tokens this rank trained on since the last log line
         # A sharded model (FSDP2) runs only with every rank taking part, so every rank computes the
-        # samples training shows (the same text: same weights, same seed) and rank 0 shows them.
+        # samples and task scores training shows (the same: same weights, seed and items) and rank 0
+        # shows them.
         self.lockstep = is_sharded(run.model)
 
     # --- the public steps ------------------------------------------------------------------------
@@ -95,7 +96,8 @@ class Trainer:
         return out
 
     def evaluate_tasks(self) -> dict[str, dict]:
-        """train.eval_tasks' figures for the model as it is now ({task: {metric: value}}; rank 0)."""
+        """train.eval_tasks' figures for the model as it is now ({task: {metric: value}}; rank 0,
+        or every rank of a sharded run)."""
         r = self.run
         with r.rt.autocast():
             return {
@@ -304,9 +306,11 @@ class Trainer:
             text = self.sample(ts.eval_sample_tokens)
             if r.dist.is_main:
                 self.records.tb.text("samples", text, step)
+        if finite and r.tasks and (r.dist.is_main or self.lockstep):  # see `lockstep`: the same items, the same figures
+            results = self.evaluate_tasks()
+            if r.dist.is_main:
+                self._log_tasks(step, results)
         if r.dist.is_main and finite:
-            if r.tasks:
-                self._log_tasks(step, self.evaluate_tasks())
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
                 x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
                 self.records.tb.attention_images(step, r.model.attention_maps(x))

@@ -92,7 +92,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         distributed.barrier(dist, patient=True)
         base_tokenizer = distributed.broadcast(base_tokenizer, dist)
     data = _load_data(cfg, dist, log, base_tokenizer)
-    tasks = _eval_tasks(cfg, data, log) if dist.is_main else {}
+    tasks = _eval_tasks(cfg, data, dist, sharded, log)
     state = resumed.training if resumed is not None else None
     if state is not None:  # computed as it was trained: its steps bitwise as if never stopped
         bitwise = len(state.rng) == dist.world_size  # (the thread count matters only then)
@@ -257,18 +257,16 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict
     return data
 
 
-def _eval_tasks(cfg: RunConfig, data: Dataset, log) -> dict[str, list]:
-    """The items of train.eval_tasks, read and encoded once before training: a task that cannot
-    be had (offline, no local copy) or read with this tokenizer fails now, not at the first eval."""
-    from gpt.config import TaskSettings
-    from gpt.evals.tasks import examples, requests
+def _eval_tasks(cfg: RunConfig, data: Dataset, dist, sharded: bool, log) -> dict[str, list]:
+    """train.eval_tasks' items, read by rank 0 (gpt.evals.tasks.training_items); under FSDP2 every
+    rank scores them (the sharded model runs only with all taking part), so all receive them."""
+    from gpt.evals.tasks import training_items
 
-    out = {}
-    for name in cfg.train.eval_tasks:
-        out[name] = examples(TaskSettings(name, limit=cfg.train.eval_task_limit), cfg.paths.data_root())
-        requests(data.tokenizer, name, out[name])
-        log(f"task {name}: {len(out[name]):,} items scored at every eval")
-    return out
+    tasks = training_items(cfg.train, cfg.paths.data_root(), data.tokenizer, log) if dist.is_main else {}
+    if sharded and cfg.train.eval_tasks:  # rank 0 may be downloading them: the others wait patiently
+        distributed.barrier(dist, patient=True)
+        tasks = distributed.broadcast(tasks, dist)
+    return tasks
 
 
 def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=None) -> tuple[nn.Module, Any]:

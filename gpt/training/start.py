@@ -52,8 +52,9 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
 
 def _check_fsdp(settings: RunConfig, dtype) -> None:
     """What distributed=fsdp does not cover (yet): recurrent models (nothing to shard by block),
-    fp16 loss scaling, and the evaluations that run the model on rank 0 alone (a sharded model
-    runs only with every process taking part)."""
+    fp16 loss scaling, and the weight histograms and attention maps, drawn by rank 0 alone from
+    whole tensors (a sharded model runs only with every process taking part; eval tasks are
+    scored by all of them)."""
     import torch
 
     from gpt.config.model import RNNConfig
@@ -66,7 +67,6 @@ def _check_fsdp(settings: RunConfig, dtype) -> None:
         raise TinyGPTError("distributed=fsdp trains in bfloat16 or float32, not float16; pass dtype=bfloat16 or dtype=float32")
     ts = settings.train
     for name, on in (
-        ("eval_tasks", bool(ts.eval_tasks)),
         ("histogram_every", ts.histogram_every),
         ("attention_every", ts.attention_every),
     ):
