@@ -281,11 +281,14 @@ def test_a_tied_table_some_process_holds_no_rows_of_saves_and_resumes(tmp_path, 
 
 
 @pytest.mark.slow
-def test_eval_tasks_are_scored_by_every_process_and_equal_scoring_the_saved_model(tmp_path, data_root):
+def test_eval_tasks_histograms_and_attention_maps_under_fsdp_are_the_whole_models(tmp_path, data_root):
     """train.eval_tasks under FSDP2: rank 0 reads the items (local copies under the data root) and
     hands them to the other process; both score them with the sharded model; rank 0 records
     figures equal to scoring the saved step-4 model in one process (lambada's perplexity is a
-    continuous check of it)."""
+    continuous check of it). Weight and gradient histograms hold every value of the whole
+    tensors (gathered), and the attention maps are drawn, by both processes in lockstep."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from gpt.config import TaskSettings
     from gpt.evals.tasks import evaluate_task, examples
     from gpt.tokenizers import tokenizer_from_dict
@@ -305,7 +308,7 @@ def test_eval_tasks_are_scored_by_every_process_and_equal_scoring_the_saved_mode
     args = [
         *data, *SHAPES["gpt2-block"], "optim=adamw", *EXACT, "train.max_iters=4", "train.eval_interval=2",
         "train.eval_iters=1", "train.sample_tokens=0", "train.eval_tasks=[lambada,arc_easy]", "distributed=fsdp",
-        f"hydra.run.dir={tmp_path / 'run'}",
+        "train.histogram_every=1", "train.attention_every=2", f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
     proc = _torchrun(2, args, tmp_path, own)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -319,3 +322,13 @@ def test_eval_tasks_are_scored_by_every_process_and_equal_scoring_the_saved_mode
         for metric, value in recorded[4][name].items():
             assert abs(value - alone[metric]) <= 1e-5 * max(1.0, abs(value)), (name, metric, value, alone[metric])
     assert recorded[4]["lambada"]["perplexity"] != recorded[0]["lambada"]["perplexity"]  # scored afresh at each eval
+    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"histograms": 0, "images": 0}).Reload()
+    weight = "weights/transformer.h.0.attn.c_attn.weight"
+    assert [e.step for e in events.Histograms(weight)] == [0, 2, 4]
+    assert events.Histograms(weight)[-1].histogram_value.num == ckpt.model["transformer.h.0.attn.c_attn.weight"].numel()
+    grads = events.Histograms("grads/transformer.h.0.mlp.c_fc.weight")
+    assert [e.step for e in grads] == [2, 4] and grads[-1].histogram_value.num == ckpt.model[
+        "transformer.h.0.mlp.c_fc.weight"
+    ].numel()
+    maps = events.Images("attention/layer_0")
+    assert [e.step for e in maps] == [2] and (maps[0].width, maps[0].height) == (2 * 16, 16)  # 2 heads of 16 x 16

@@ -4,6 +4,10 @@ maps); `NullTracker` is the same interface doing nothing, for ranks other than 0
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -27,9 +31,7 @@ class NullTracker:
 
     def hparams(self, cfg: dict, metric_tags: list[str]) -> None: ...
 
-    def weight_histograms(self, step: int, model) -> None: ...
-
-    def grad_histograms(self, step: int, model) -> None: ...
+    def histogram(self, tag: str, values: torch.Tensor, step: int) -> None: ...
 
     def attention_images(self, step: int, maps: list) -> None: ...
 
@@ -81,14 +83,8 @@ class TensorBoardTracker(NullTracker):
         value = Summary.Value(tag=metadata.SESSION_END_INFO_TAG, metadata=SummaryMetadata(plugin_data=plugin))
         self.writer.file_writer.add_summary(Summary(value=[value]))
 
-    def weight_histograms(self, step: int, model) -> None:
-        for name, p in model.named_parameters():
-            self.writer.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
-
-    def grad_histograms(self, step: int, model) -> None:
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                self.writer.add_histogram(f"grads/{name}", p.grad.detach().float().cpu(), step)
+    def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
+        self.writer.add_histogram(tag, values.detach().float().cpu(), step)
 
     def attention_images(self, step: int, maps: list) -> None:
         """One grey-scale image per layer: the heads' T x T attention maps side by side, each

@@ -27,7 +27,7 @@ from gpt.tracking import console_redirected, logger
 from gpt.tracking.records import RunRecords
 from gpt.training import saving
 from gpt.training import step as steps
-from gpt.training.sharding import is_sharded
+from gpt.training.sharding import gathered, is_sharded, named_shards
 from gpt.training.state import Run, quiet
 
 STOP_CHECK_EVERY = 10  # steps between reads of the ranks' stop flags under torchrun (see _loop)
@@ -65,7 +65,7 @@ class Trainer:
         self.lr = r.schedule.set_lr(r.optimizer, r.progress.step)
         result = steps.train_step(r.step_model, r.batches, r.optimizer, r.scaler, r.rt, ts.grad_accum_steps, ts.grad_clip, r.dist)
         if self._histograms_at(r.progress.step + 1):  # gradients exist only until the update below
-            self.records.tb.grad_histograms(r.progress.step + 1, r.model)
+            self._histograms(r.progress.step + 1, "grads")
         steps.apply_or_skip(r, result, self.guard)
         r.progress.step += 1
         self.tokens_in_interval += result.tokens
@@ -274,6 +274,15 @@ class Trainer:
             tokens = distributed.mean(torch.tensor(float(tokens), device=r.rt.device), r.dist).item() * r.dist.world_size
         return tokens / max(seconds, 1e-9)
 
+    def _histograms(self, step: int, kind: str) -> None:
+        """TensorBoard histograms of every parameter's weights or gradients (`kind`), each gathered
+        whole where the run is sharded (a collective every rank walks; rank 0 records)."""
+        for name, p in named_shards(self.run.model):
+            values = p if kind == "weights" else p.grad
+            whole = gathered(values.detach(), keep=self.run.dist.is_main) if values is not None else None
+            if whole is not None:
+                self.records.tb.histogram(f"{kind}/{name}", whole, step)
+
     def _histograms_at(self, step: int) -> bool:
         """Whether the eval at `step` (if one comes there) writes histograms: then the gradients
         of the step that ends there are written under it, beside that eval's weights, so the last
@@ -306,16 +315,18 @@ class Trainer:
             text = self.sample(ts.eval_sample_tokens)
             if r.dist.is_main:
                 self.records.tb.text("samples", text, step)
-        if finite and r.tasks and (r.dist.is_main or self.lockstep):  # see `lockstep`: the same items, the same figures
-            results = self.evaluate_tasks()
-            if r.dist.is_main:
-                self._log_tasks(step, results)
-        if r.dist.is_main and finite:
+        if finite and (r.dist.is_main or self.lockstep):  # see `lockstep`: the same items and batch, the same figures
+            if r.tasks:
+                results = self.evaluate_tasks()
+                if r.dist.is_main:
+                    self._log_tasks(step, results)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
                 x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
-                self.records.tb.attention_images(step, r.model.attention_maps(x))
+                maps = r.model.attention_maps(x)
+                if r.dist.is_main:
+                    self.records.tb.attention_images(step, maps)
         if ts.histogram_every and self.evals_done % ts.histogram_every == 0:
-            self.records.tb.weight_histograms(step, r.model)
+            self._histograms(step, "weights")
         seen = step * r.tokens_per_step
         self.records.summary.update(
             step=step,

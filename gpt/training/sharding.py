@@ -80,6 +80,17 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def named_shards(model: nn.Module):
+    """`model.named_parameters()`, sharded where the model is: after a forward with no backward
+    (an eval) FSDP2 leaves the root unit's weights gathered (it expects the backward to need
+    them), and the module then holds plain tensors in FSDP's own memory, which a reader must not
+    touch (numpy() pins that memory, and the next reshard fails to free it)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return model.named_parameters()
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This process's part of `t` (t itself when it is not sharded)."""
     return t.to_local() if isinstance(t, DTensor) else t

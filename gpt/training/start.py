@@ -51,10 +51,8 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
 
 
 def _check_fsdp(settings: RunConfig, dtype) -> None:
-    """What distributed=fsdp does not cover (yet): recurrent models (nothing to shard by block),
-    fp16 loss scaling, and the weight histograms and attention maps, drawn by rank 0 alone from
-    whole tensors (a sharded model runs only with every process taking part; eval tasks are
-    scored by all of them)."""
+    """What distributed=fsdp does not cover (yet): recurrent models (nothing to shard by block)
+    and fp16 loss scaling."""
     import torch
 
     from gpt.config.model import RNNConfig
@@ -65,16 +63,6 @@ def _check_fsdp(settings: RunConfig, dtype) -> None:
         )
     if dtype == torch.float16:
         raise TinyGPTError("distributed=fsdp trains in bfloat16 or float32, not float16; pass dtype=bfloat16 or dtype=float32")
-    ts = settings.train
-    for name, on in (
-        ("histogram_every", ts.histogram_every),
-        ("attention_every", ts.attention_every),
-    ):
-        if on:
-            raise TinyGPTError(
-                f"train.{name} is not available with distributed=fsdp (it runs the model on rank 0 alone); "
-                f"drop it, or use distributed=ddp"
-            )
 
 
 @dataclass
