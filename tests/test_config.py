@@ -151,6 +151,7 @@ def test_the_default_config_is_the_schema_defaults():
         "compile": "auto",
         "threads": None,
         "distributed": "ddp",
+        "cpu_offload": False,
     }
     assert compose("sample", []) == SampleConfig()
 

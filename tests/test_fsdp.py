@@ -68,6 +68,28 @@ def test_a_recurrent_model_from_a_checkpoint_is_refused_in_one_line():
         sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
 
 
+def test_cpu_offload_puts_every_unit_under_torchs_offload_policy(tmp_path):
+    """sharding.shard(offload=True): the blocks and the root each offload their shards (in one
+    process of a gloo group, where FSDP2 runs without torchrun)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+    from gpt.model import GPT, GPTConfig
+    from gpt.runtime import devices
+    from gpt.training import sharding
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        rt = devices.Runtime(torch.device("cpu"), torch.float32, compile=False)
+        for offload in (False, True):
+            model = sharding.shard(GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)), rt, offload)
+            units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+            policies = [type(u._get_fsdp_state()._fsdp_param_group.offload_policy) for u in units]
+            assert len(units) == 3 and all((p is CPUOffloadPolicy) == offload for p in policies)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "shape, optim, extra, tolerance",
@@ -332,3 +354,28 @@ def test_eval_tasks_histograms_and_attention_maps_under_fsdp_are_the_whole_model
     ].numel()
     maps = events.Images("attention/layer_0")
     assert [e.step for e in maps] == [2] and (maps[0].width, maps[0].height) == (2 * 16, 16)  # 2 heads of 16 x 16
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers through /proc")
+def test_cpu_offload_trains_like_one_process_and_resumes_bitwise(tmp_path, data_root):
+    """cpu_offload=true (FSDP2's CPUOffloadPolicy; on this CPU the shards are in host memory
+    already, so this runs the wiring: the policy, materializing the shards in host memory, the
+    optimizer stepping them there): 12 steps within 1e-5 of one process, and a run stopped by
+    SIGTERM to rank 1 resumes (on the meta device, its shards read into host memory) to the
+    uninterrupted run's end bitwise."""
+    root, data = data_root
+    args = [*data, *SHAPES["gpt2-block"], "optim=adamw", *EXACT, "train.max_iters=12", "train.eval_interval=4"]
+    args += ["train.eval_iters=2", "train.log_interval=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    offload = ["distributed=fsdp", "cpu_offload=true", "train.batch_size=4"]
+    one = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    whole = _torchrun(2, [*args, *offload, f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path, root)
+    assert whole.returncode == 0 and "FSDP2 with CPU offload over 2 processes" in whole.stdout, whole.stderr[-3000:]
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "whole", "train"), "loss") <= 1e-5
+    stopped = tmp_path / "stopped"
+    out = _stop_rank_1(2, [*args, *offload, f"hydra.run.dir={stopped}"], tmp_path, root, signal.SIGTERM, after=5)
+    assert out.returncode == 0 and out.stdout.count("stopped at step") == 1, out.stderr[-3000:]
+    again = _torchrun(2, [*args, *offload, f"hydra.run.dir={stopped}"], tmp_path, root)
+    assert again.returncode == 0 and "built on the meta device" in again.stdout, again.stderr[-3000:]
+    assert _losses(stopped) == _losses(tmp_path / "whole")

@@ -283,6 +283,9 @@ class RunConfig(DeviceSettings):
     # under torchrun: ddp (each process holds the whole model) | fsdp (each holds 1/N of the weights,
     # gradients and optimizer state: FSDP2; GPT models)
     distributed: str = "ddp"
+    # distributed=fsdp only: each process's shards of the weights, gradients and AdamW's moments in
+    # host memory, the optimizer stepping there; a GPU holds only the weights being gathered
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "")
@@ -294,3 +297,5 @@ class RunConfig(DeviceSettings):
             raise TinyGPTError(
                 f"distributed={self.distributed!r} is not understood; use distributed=ddp (the default) or distributed=fsdp"
             )
+        if self.cpu_offload and self.distributed != "fsdp":
+            raise TinyGPTError("cpu_offload=true offloads FSDP2's shards to host memory; add distributed=fsdp (under torchrun)")

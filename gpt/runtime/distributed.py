@@ -73,7 +73,9 @@ PREPARATION_TIMEOUT = timedelta(days=2)
 _patient_group = None
 
 
-def init(d: Dist, device: torch.device) -> None:
+def init(d: Dist, device: torch.device, host_tensors: bool = False) -> None:
+    """`host_tensors`: collectives on CPU tensors too, beside a GPU's (FSDP2's CPU offload keeps the
+    shards, their gradients and the optimizer in host memory): gloo for those, NCCL for the GPU's."""
     if not d.enabled or dist.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ:
@@ -90,7 +92,8 @@ def init(d: Dist, device: torch.device) -> None:
                 f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda"
             )
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=_collective_timeout())
+        backend = "cuda:nccl,cpu:gloo" if host_tensors else "nccl"
+        dist.init_process_group(backend, device_id=device, timeout=_collective_timeout())
     elif device.type == "cpu":
         dist.init_process_group("gloo", timeout=_collective_timeout())
     else:

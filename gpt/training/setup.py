@@ -58,16 +58,18 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         dist.local_world_size,
         training=True,
     )
-    distributed.init(dist, rt.device)
+    distributed.init(dist, rt.device, host_tensors=cfg.cpu_offload)
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(runs.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg = replace(cfg, paths=replace(cfg.paths, output_dir=str(out_dir), data_dir=str(cfg.paths.data_root())))  # as used
     source = _resume_source(cfg, out_dir, dist, log, claim.point if claim is not None else None)
     sharded = cfg.distributed == "fsdp" and dist.enabled
-    log(rt.describe() + (f"; {'FSDP2' if sharded else 'DDP'} over {dist.world_size} processes" if dist.enabled else ""))
+    how = f"FSDP2{' with CPU offload' if cfg.cpu_offload else ''}" if sharded else "DDP"
+    log(rt.describe() + (f"; {how} over {dist.world_size} processes" if dist.enabled else ""))
     if cfg.distributed == "fsdp" and not dist.enabled:
+        off = ", on its device (cpu_offload applies to shards)" if cfg.cpu_offload else ""
         log(
-            "notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains whole"
+            f"notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains whole{off}"
         )
     # Per-rank seeds: no shared dropout masks (the data stream's own generator: RandomWindows).
     devices.seed_everything(cfg.seed + dist.rank)
@@ -123,13 +125,13 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     if resumed is not None and resumed.shards is None:  # whole weights into the whole model, before any sharding
         _load_weights(resumed, source, model)
     if sharded:
-        model = sharding.shard(model, rt)
+        model = sharding.shard(model, rt, offload=cfg.cpu_offload)
     if from_rank_0:
-        sharding.materialize(model, rt.device)
+        sharding.materialize(model, rt.device, cfg.cpu_offload)
         sharding.load_from_rank_0(model, whole)
         del whole
     elif reads_shards:
-        sharding.materialize(model, rt.device)
+        sharding.materialize(model, rt.device, cfg.cpu_offload)
         log(f"built on the meta device: each process holds only its shards, read from {source.name}")
     optimizer = build_optimizer(model, cfg.optim, rt.device, state and state.ns_dtype)  # after sharding: it steps the shards
     if reads_shards:

@@ -16,31 +16,34 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gpt.errors import TinyGPTError
 from gpt.runtime import devices
 
 
-def shard(model: nn.Module, rt: devices.Runtime) -> nn.Module:
+def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Module:
     """`model` (a GPT on this process's device, or shapes only on the meta device: `materialize`
     then gives it memory; in every process) sharded in place over the
     default process group: each transformer block one unit (its weights gathered for its own
     forward and backward only), the root the rest (the tied embedding and LM head, the final
     norm). Compiled block by block when `rt.compile` (a compiled block is one graph; the
     collectives between blocks stay outside it). On CUDA with bf16, the gathered weights are bf16
-    and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32."""
+    and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32. `offload`:
+    the shards and their gradients in host memory (pinned, on CUDA), copied to the device for each
+    all-gather: the optimizer steps them there."""
     if not hasattr(model, "transformer"):  # a recurrent model resumed or started from (init_from)
         raise TinyGPTError("distributed=fsdp shards a GPT block by block; this run's model is recurrent: use distributed=ddp")
     policy = MixedPrecisionPolicy()
     if rt.device.type == "cuda" and rt.dtype == torch.bfloat16:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs = {"offload_policy": CPUOffloadPolicy(pin_memory=rt.device.type == "cuda")} if offload else {}
     for block in model.transformer.h:
         if rt.compile:
             block.compile()
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mp_policy=policy, **kwargs)
+    fully_shard(model, mp_policy=policy, **kwargs)
     return model
 
 
@@ -67,11 +70,12 @@ def to_meta(model: nn.Module) -> None:
             setattr(module, other, getattr(first, name))
 
 
-def materialize(model: nn.Module, device: torch.device) -> None:
+def materialize(model: nn.Module, device: torch.device, offload: bool = False) -> None:
     """A model built on the meta device (shapes only) and sharded: memory for this process's
-    shards on `device` (uninitialised: a checkpoint's shards are read into it next), and its
-    fixed position tables computed, which no checkpoint holds."""
-    model.to_empty(device=device)
+    shards on `device`, or in host memory where they are offloaded (uninitialised: a checkpoint's
+    shards are read into it next), and its fixed position tables computed on `device`, which no
+    checkpoint holds."""
+    model.to_empty(device="cpu" if offload else device)
     for name, table in model.fixed_tables().items():
         setattr(model, name, table.to(device))  # a buffer replaced: its length follows the config's context
 

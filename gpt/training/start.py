@@ -55,6 +55,7 @@ def _check_fsdp(settings: RunConfig, dtype) -> None:
     and fp16 loss scaling."""
     import torch
 
+    from gpt.config import MuonSettings
     from gpt.config.model import RNNConfig
 
     if isinstance(settings.model, RNNConfig):
@@ -63,6 +64,11 @@ def _check_fsdp(settings: RunConfig, dtype) -> None:
         )
     if dtype == torch.float16:
         raise TinyGPTError("distributed=fsdp trains in bfloat16 or float32, not float16; pass dtype=bfloat16 or dtype=float32")
+    if settings.cpu_offload and isinstance(settings.optim, MuonSettings):
+        raise TinyGPTError(
+            "cpu_offload=true steps the optimizer in host memory, where Muon's Newton-Schulz would run on the CPU "
+            "(minutes a step at 1B parameters); use optim=adamw"
+        )
 
 
 @dataclass

@@ -122,7 +122,9 @@ def apply_or_skip(run: Run, result: StepResult, guard: Guard) -> None:
             run.scaler.step(run.optimizer)
         run.scaler.update()
     else:
-        bad = torch.isfinite(torch.stack([result.loss.float(), result.norm.float()])).all().logical_not().float()
+        # (the norm of offloaded gradients is computed in host memory: brought beside the loss)
+        norm = result.norm.float().to(result.loss.device)
+        bad = torch.isfinite(torch.stack([result.loss.float(), norm])).all().logical_not().float()
         bad = distributed.max_tensor(bad, run.dist)  # the same verdict on every rank, still on the device
         if run.rt.device.type == "cpu" or is_sharded(run.model):
             # On a CPU a read is no sync (nothing runs ahead of the host), and skipping by a branch
