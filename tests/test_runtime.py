@@ -73,23 +73,27 @@ def test_a_resume_computes_in_its_checkpoints_dtype_where_this_device_does_nativ
     monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: bf16_here)
     cpu = devices.setup("cpu", "auto", "auto", threads=1, training=True)
     picked = cpu.dtype
-    assert devices.adopt_dtype(cpu, None, "auto") is None and cpu.dtype == picked  # an older checkpoint: unknown
-    assert devices.adopt_dtype(cpu, str(picked).removeprefix("torch."), "auto") is None  # alike: nothing to say
+    assert devices.adopt_dtype(cpu, None, "auto", None) is None and cpu.dtype == picked  # an older checkpoint: unknown
+    assert devices.adopt_dtype(cpu, str(picked).removeprefix("torch."), "auto", "cpu") is None  # alike: nothing to say
     other = "float32" if bf16_here else "bfloat16"
-    notice = devices.adopt_dtype(cpu, other, "auto")
+    assert devices.adopt_dtype(cpu, other, "auto", "cuda") is None and cpu.dtype == picked  # a GPU's choice is no CPU's
+    notice = devices.adopt_dtype(cpu, other, "auto", "cpu")
     if bf16_here:  # trained in fp32 on a CPU without bf16: fp32 here too, the log says so
         assert cpu.dtype == torch.float32 and "dtype float32, the dtype the checkpoint was trained in" in notice
         assert "dtype=auto here picks bfloat16" in notice and "dtype float32, the dtype the checkpoint" in cpu.describe()
     else:  # trained in bf16 elsewhere: this CPU would emulate it, ~10x slower; it stays in fp32 and says so
         assert cpu.dtype == torch.float32 and "which cpu here would only emulate" in notice
     chosen = devices.setup("cpu", "float32", "auto", threads=1, training=True)
-    notice = devices.adopt_dtype(chosen, "bfloat16", "float32")  # the user's choice wins, named
+    notice = devices.adopt_dtype(chosen, "bfloat16", "float32", "cpu")  # the user's choice wins, named
     assert chosen.dtype == torch.float32 and "dtype=bfloat16 keeps them alike" in notice
     gpu = devices.Runtime(torch.device("cuda"), torch.bfloat16, False, ["dtype bfloat16 autocast (SM 90 supports bf16)"])
-    assert devices.adopt_dtype(gpu, "float16", "auto") is not None and gpu.dtype == torch.float16 and gpu.use_grad_scaler
+    assert devices.adopt_dtype(gpu, "float32", "auto", "cpu") is None and gpu.dtype == torch.bfloat16  # a CPU's fp32
+    notice = devices.adopt_dtype(gpu, "float16", "auto", "cuda", sharded=True)  # a T4's DDP run resumed sharded
+    assert "which distributed=fsdp does not train in" in notice and gpu.dtype == torch.bfloat16
+    assert devices.adopt_dtype(gpu, "float16", "auto", "cuda") is not None and gpu.dtype == torch.float16 and gpu.use_grad_scaler
     pretend_gpu["sm"] = (7, 5)  # a T4 resuming an H100's bf16 run: emulated bf16 refused, fp16 kept
     t4 = devices.Runtime(torch.device("cuda"), torch.float16, False, [])
-    assert "would only emulate" in devices.adopt_dtype(t4, "bfloat16", "auto") and t4.dtype == torch.float16
+    assert "would only emulate" in devices.adopt_dtype(t4, "bfloat16", "auto", "cuda") and t4.dtype == torch.float16
 
 
 def test_forced_choices_and_mistakes(monkeypatch):

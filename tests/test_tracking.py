@@ -42,3 +42,20 @@ def test_a_failure_is_recorded_once_and_never_over_another_runs_record(tmp_path)
     record_failure(crashed, "KeyError: 'x'; traceback in crashed/traceback.txt", replaces="KeyError: 'x'")
     again = json.loads((crashed / "summary.json").read_text())
     assert again["error"] == "KeyError: 'x'; traceback in crashed/traceback.txt" and again["step"] == 7
+
+
+def test_a_histogram_bins_the_finite_values_and_skips_a_tensor_with_none(tmp_path):
+    """Gradients of a step the non-finite guard then skips may be NaN throughout: TensorBoard
+    would refuse them ("the histogram is empty") and end the run; the finite ones are binned."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gpt.tracking.tensorboard import TensorBoardTracker
+
+    tb = TensorBoardTracker(tmp_path)
+    tb.histogram("grads/all_nan", torch.full((4, 4), float("nan")), 1)
+    tb.histogram("grads/some", torch.tensor([1.0, float("inf"), 2.0, float("nan"), 3.0]), 1)
+    tb.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0}).Reload()
+    assert events.Tags()["histograms"] == ["grads/some"]
+    assert events.Histograms("grads/some")[0].histogram_value.num == 3

@@ -60,14 +60,16 @@ def guard(fn: Callable[[], T]) -> T:
         if not _left_alone(e):
             raise
         line = (str(e).strip().splitlines() or [""])[0]
-        reason = (line[line.find("] ") + 2 :] if line.startswith("[") else line).split(". ")[0]  # gloo's source path, advice
+        reason = (line.split("] ", 1)[-1] if line.startswith("[") else line).split(". ")[0]  # gloo's source path, advice
         fail(
-            f"process {rank()} of {world_size()} stopped because another process of this run exited ({reason}): its error says why"
+            f"process {rank()} of {world_size()} stopped because another process of this run exited ({reason}): "
+            f"its error line, or its exit status in the launcher's summary, says why"
         )
 
 
-# How gloo and the c10d store report a process that has gone (NCCL's watchdog aborts instead).
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+# How gloo reports a process that has gone (NCCL's watchdog aborts instead). Not "Connection
+# refused": that is a rendezvous never reached (a wrong MASTER_ADDR), whose traceback says where.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def _left_alone(error: RuntimeError) -> bool:

@@ -55,6 +55,7 @@ class TrainingState:
     bad_in_a_row: int = 0
     threads: int | None = None  # CPU threads it was trained with (None: unknown, format < 3)
     dtype: str | None = None  # compute dtype it was trained in ("bfloat16"; None: unknown, an older checkpoint)
+    device_type: str | None = None  # the kind of device it was trained on ("cuda"), which `dtype` was chosen for
     ns_dtype: str | None = None  # Muon's Newton-Schulz dtype (None: no Muon, or unknown)
     elapsed_s: float = 0.0  # wall-clock seconds the run took to reach this step, over all its resumes
     best_elapsed_s: float | None = None  # elapsed_s when the best val loss so far was reached

@@ -115,6 +115,7 @@ def write(path: Path, tensors: dict[str, torch.Tensor], is_main: bool) -> dict:
     if failed is not None:
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
+        failed = _os_error(failed) or failed
         if isinstance(failed, OSError):
             raise TinyGPTError(
                 f"cannot write the shards of checkpoint {path} ({failed.strerror or failed}); the previous checkpoints are "
@@ -153,6 +154,18 @@ def read(folder: Path, targets: dict[str, torch.Tensor], collective: bool) -> No
             dcp.load(targets, storage_reader=dcp.FileSystemReader(folder), no_dist=not collective)
     except (CheckpointException, OSError, RuntimeError, ValueError, KeyError, EOFError) as e:
         raise TinyGPTError(f"cannot load the shards in {folder}: {_reason(e)} (damaged, or not written by this run)") from None
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind a failure (a full disk), where DCP wrapped a rank's in its
+    CheckpointException (its `failures`: rank -> the exception, with its stack)."""
+    if isinstance(e, OSError):
+        return e
+    for failure in getattr(e, "failures", {}).values() if isinstance(e, CheckpointException) else ():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, OSError):
+            return inner
+    return None
 
 
 def _reason(e: BaseException) -> str:

@@ -105,12 +105,15 @@ def native(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.bfloat16 and device.type == "cpu" and cpu_has_native_bf16()
 
 
-def adopt_dtype(rt: Runtime, recorded: str | None, requested: str) -> str | None:
-    """A resumed run computes in the dtype its checkpoint was trained in (`recorded`) where
-    dtype=auto picks another here (another machine: a CPU with bf16 and one without pick apart),
-    so that its steps compute as its earlier ones did; unless the user chose a dtype, or this
-    device would only emulate the recorded one. A notice whenever they differ."""
-    if recorded is None or recorded not in _DTYPES or _DTYPES[recorded] == rt.dtype:
+def adopt_dtype(rt: Runtime, recorded: str | None, requested: str, trained_on: str | None, sharded: bool = False) -> str | None:
+    """A resumed run computes in the dtype its checkpoint was trained in (`recorded`, on a device
+    of type `trained_on`) where dtype=auto picks another on this kind of device (another machine:
+    a CPU with bf16 and one without pick apart), so that its steps compute as its earlier ones
+    did; unless the user chose a dtype, the checkpoint comes from another kind of device (a CPU's
+    fp32 is no reason to leave a GPU's bf16), this device would only emulate the recorded dtype,
+    or it is fp16 and the run is sharded (FSDP2 here trains in bf16 or fp32). A notice whenever
+    it keeps another dtype than the checkpoint's, on the same kind of device."""
+    if recorded is None or recorded not in _DTYPES or _DTYPES[recorded] == rt.dtype or trained_on != rt.device.type:
         return None
     here = str(rt.dtype).removeprefix("torch.")
     if requested != "auto":
@@ -120,6 +123,8 @@ def adopt_dtype(rt: Runtime, recorded: str | None, requested: str) -> str | None
         )
     if not native(_DTYPES[recorded], rt.device):
         return f"notice: dtype {here}: the checkpoint was trained in {recorded}, which {rt.device.type} here would only emulate"
+    if sharded and recorded == "float16":
+        return f"notice: dtype {here}: the checkpoint was trained in float16, which distributed=fsdp does not train in"
     rt.dtype = _DTYPES[recorded]
     why = f"dtype {recorded}, the dtype the checkpoint was trained in"
     rt.reasons = [why if r.startswith("dtype ") else r for r in rt.reasons]

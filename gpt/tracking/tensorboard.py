@@ -84,7 +84,14 @@ class TensorBoardTracker(NullTracker):
         self.writer.file_writer.add_summary(Summary(value=[value]))
 
     def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
-        self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+        """Of the finite values (gradients of a step the guard then skips may be NaN, and
+        TensorBoard refuses a histogram with nothing to bin); none finite: none written."""
+        import torch
+
+        values = values.detach().float().cpu()
+        values = values[torch.isfinite(values)]
+        if values.numel():
+            self.writer.add_histogram(tag, values, step)
 
     def attention_images(self, step: int, maps: list) -> None:
         """One grey-scale image per layer: the heads' T x T attention maps side by side, each

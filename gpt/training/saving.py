@@ -37,6 +37,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, state: d
             # a CPU run's count (a resume takes it: gpt.runtime.threads); a GPU run's host threads decide nothing
             threads=run.rt.threads.count if run.rt.threads is not None and run.rt.device.type == "cpu" else None,
             dtype=str(run.rt.dtype).removeprefix("torch."),  # a resume computes alike (gpt.runtime.devices.adopt_dtype)
+            device_type=run.rt.device.type,
             ns_dtype=run.optimizer.ns_dtype,
             elapsed_s=p.elapsed_s,
             best_elapsed_s=p.best_elapsed_s,

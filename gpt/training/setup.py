@@ -49,15 +49,8 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     log = logger.info if dist.is_main else quiet
     if claim is None:  # nobody checked these settings yet
         preflight(cfg)
-    rt = devices.setup(
-        cfg.device,
-        cfg.dtype,
-        cfg.compile,
-        dist.local_rank if dist.enabled else None,
-        cfg.threads,
-        dist.local_world_size,
-        training=True,
-    )
+    local_rank = dist.local_rank if dist.enabled else None
+    rt = devices.setup(cfg.device, cfg.dtype, cfg.compile, local_rank, cfg.threads, dist.local_world_size, training=True)
     distributed.init(dist, rt.device, host_tensors=cfg.cpu_offload)
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(runs.new_run_dir(cfg.paths.runs_dir)), dist))
@@ -96,9 +89,9 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     data = _load_data(cfg, dist, log, base_tokenizer)
     tasks = _eval_tasks(cfg, data, dist, sharded, log)
     state = resumed.training if resumed is not None else None
-    if state is not None:  # computed as it was trained: its steps bitwise as if never stopped
-        bitwise = len(state.rng) == dist.world_size  # (the thread count matters only then)
-        for notice in (devices.adopt_dtype(rt, state.dtype, cfg.dtype), rt.threads.adopt(state.threads) if bitwise else None):
+    if state is not None:  # computed as it was trained: its steps bitwise as if never stopped (threads: at its world size)
+        kept = devices.adopt_dtype(rt, state.dtype, cfg.dtype, state.device_type, sharded)
+        for notice in (kept, rt.threads.adopt(state.threads) if len(state.rng) == dist.world_size else None):
             if notice:
                 log(notice)
     with building():
@@ -133,7 +126,8 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     elif reads_shards:
         sharding.materialize(model, rt.device, cfg.cpu_offload)
         log(f"built on the meta device: each process holds only its shards, read from {source.name}")
-    optimizer = build_optimizer(model, cfg.optim, rt.device, state and state.ns_dtype)  # after sharding: it steps the shards
+    same_kind = state is not None and state.device_type == rt.device.type  # (Newton-Schulz's dtype as the dtype's)
+    optimizer = build_optimizer(model, cfg.optim, rt.device, state.ns_dtype if same_kind else None)  # after sharding
     if reads_shards:
         _read_shards(resumed, source, model, optimizer)
     batches = data.batches(

@@ -110,7 +110,10 @@ def _remove_empty(folder: Path, outermost: Path | None) -> None:
     """The folders a refused start made (the run directory and, on a first run, outputs/runs/
     above it), up to `outermost`, each only if it is empty."""
     while outermost is not None and folder.is_relative_to(outermost) and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+        try:
+            folder.rmdir()
+        except OSError:  # another start, at the same moment, made or removed it: it is that one's now
+            return
         folder = folder.parent
 
 

@@ -246,3 +246,14 @@ def test_a_refused_first_run_leaves_no_folder_behind(tmp_path, data_root):
     (tmp_path / "outputs" / "runs").mkdir(parents=True)
     assert_one_line_error(run_script("train.py", ["debug=tiny", *data, "dtype=bf16"], tmp_path, root))
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["outputs", "outputs/runs"]
+
+
+def test_a_refused_start_racing_another_for_its_folders_still_ends_in_one_line(tmp_path, monkeypatch):
+    """Two first runs refused at once race to remove outputs/runs/: the loser's rmdir fails (the
+    folder is gone, or the other start has put its run in it), and that is no new error."""
+    from gpt.training import start
+
+    run_dir = tmp_path / "outputs" / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    monkeypatch.setattr(Path, "rmdir", lambda self: (_ for _ in ()).throw(FileNotFoundError(2, "gone", str(self))))
+    start._remove_empty(run_dir, tmp_path / "outputs")  # no exception

@@ -73,7 +73,7 @@ def test_a_run_resumed_where_auto_picks_another_dtype_computes_as_it_was_trained
     assert "notice: dtype float32, the dtype the checkpoint was trained in (dtype=auto here picks bfloat16)" in caplog.text
     assert "Newton-Schulz in float32" in caplog.text
     ckpt = checkpoint.load(runs.latest(tmp_path / "split"))
-    assert (ckpt.training.dtype, ckpt.training.ns_dtype) == ("float32", "float32")
+    assert (ckpt.training.dtype, ckpt.training.ns_dtype, ckpt.training.device_type) == ("float32", "float32", "cpu")
 
 
 def test_resume_from_another_run_leaves_it_untouched(tmp_path, data_root):
