@@ -5,6 +5,7 @@ on SIGTERM / Ctrl-C, and the run's records (TensorBoard, metrics.jsonl, summary.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -124,7 +125,11 @@ class Trainer:
         first user turn, shown after that turn."""
         r = self.run
         prompt, shown = r.data.sample_prompt()
-        with r.rt.autocast():
+        # On a CPU decoding stays fp32, as sample.py's does (gpt.runtime.devices.pick_dtype): bf16
+        # autocast there only adds casts to single-token steps (100 tokens of the quickstart
+        # model: 0.45-0.58 s under it, 0.32-0.43 s without).
+        precision = contextlib.nullcontext() if r.rt.device.type == "cpu" else r.rt.autocast()
+        with precision:
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
             return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings)[0][0]
 

@@ -184,6 +184,25 @@ def test_public_step_and_evaluate_api(tmp_path, data_root):
     assert not (tmp_path / "summary.json").exists()  # records belong to fit()
 
 
+def test_training_samples_decode_in_fp32_on_a_cpu_that_trains_in_bf16(tmp_path, data_root, monkeypatch):
+    """The samples a run shows are decoded as sample.py decodes on a CPU: fp32, no autocast, even
+    where the steps train under bf16 autocast (faster there, docs/performance.md)."""
+    import gpt.training.loop as loop
+
+    root, data_overrides = data_root
+    run = build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}", "dtype=bfloat16"], tmp_path))
+    assert run.rt.dtype == torch.bfloat16  # the steps' autocast
+    seen = []
+
+    def generate(model, *args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return [["text"]]
+
+    monkeypatch.setattr(loop, "generate", generate)
+    assert Trainer(run).sample(8) == "text"
+    assert seen == [False]
+
+
 def test_rerunning_a_finished_run_keeps_its_record(tmp_path, data_root):
     """The same command again (resume=auto) finds nothing left to train: it returns and keeps
     the run's figures instead of an empty record."""
