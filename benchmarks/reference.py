@@ -23,7 +23,8 @@ ratio measured in one run. Two comparisons:
     python benchmarks/reference.py run [--iters 2000] [--target 1.89]
         The reference recipe alone (what e2e starts): nanoGPT's CPU recipe for Tiny Shakespeare
         chars (4 layers, 4 heads, 128 dims, block 64, batch 12, AdamW lr 1e-3 -> 1e-4 cosine,
-        warm-up 100, beta2 0.99, dropout 0, evals of 20 batches every 250 iterations).
+        warm-up 100, beta2 0.99, dropout 0; every 250 iterations an eval of 20 batches of each
+        split and a checkpoint when val improved; a loss line every iteration).
 
 The reference is written here, from the textbook: nn.Linear q/k/v in one matrix, torch's
 scaled_dot_product_attention, GELU MLP, pre-LayerNorm blocks, a tied LM head, torch.optim.AdamW
@@ -205,32 +206,54 @@ def compare_steps(args) -> None:
 
 
 def reference_run(args) -> None:
+    """nanoGPT's CPU recipe as its train.py runs it: at every eval the train and val losses (20
+    batches each, `estimate_loss`), a checkpoint (model and optimizer) whenever val improves after
+    step 0 (the recipe's always_save_checkpoint=False), and a line with the loss read back at every
+    step (log_interval=1)."""
+    import tempfile
+
     torch.manual_seed(1337)
     train_tokens, val_tokens, vocab = prepared_tokens()
     model = ReferenceGPT(vocab, **SHAPE)
     optimizer = reference_optimizer(model, 1e-3)
     rng = np.random.default_rng(1337)
     lr, min_lr, warmup = 1e-3, 1e-4, 100
+    out_dir = Path(tempfile.mkdtemp(prefix="reference-run-"))
+    best = math.inf
 
     @torch.no_grad()
-    def val_loss() -> float:
+    def estimate_loss() -> dict[str, float]:
         model.eval()
-        eval_rng = np.random.default_rng(0)
-        out = sum(float(model(*batch(val_tokens, eval_rng))) for _ in range(20)) / 20
+        out = {}
+        for split, tokens, seed in (("train", train_tokens, 1), ("val", val_tokens, 0)):
+            eval_rng = np.random.default_rng(seed)  # val's draw as before train was evaluated too
+            out[split] = sum(float(model(*batch(tokens, eval_rng))) for _ in range(20)) / 20
         model.train()
         return out
 
-    for it in range(args.iters + 1):
-        if it % 250 == 0 or it == args.iters:
-            v = val_loss()
-            print(f"eval step {it}: val {v:.4f}", flush=True)
-            if v <= args.target or it == args.iters:
-                return
-        ratio = min(1.0, (it - warmup) / (args.iters - warmup)) if it >= warmup else 0.0
-        now = lr * (it + 1) / warmup if it < warmup else min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (lr - min_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = now
-        reference_step(model, optimizer, train_tokens, rng)
+    try:
+        for it in range(args.iters + 1):
+            if it % 250 == 0 or it == args.iters:
+                losses = estimate_loss()
+                print(f"eval step {it}: train {losses['train']:.4f}, val {losses['val']:.4f}", flush=True)
+                if losses["val"] < best:
+                    best = losses["val"]
+                    if it > 0:
+                        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": it}
+                        torch.save(state, out_dir / "ckpt.pt")
+                if losses["val"] <= args.target or it == args.iters:
+                    return
+            ratio = min(1.0, (it - warmup) / (args.iters - warmup)) if it >= warmup else 0.0
+            now = lr * (it + 1) / warmup if it < warmup else min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (lr - min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = now
+            t0 = time.perf_counter()
+            loss = reference_step(model, optimizer, train_tokens, rng)
+            print(f"iter {it}: loss {loss.item():.4f}, time {(time.perf_counter() - t0) * 1000:.2f}ms")
+    finally:
+        import shutil
+
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def _to_target(cmd: list[str], target: float | None) -> dict:
