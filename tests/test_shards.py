@@ -71,6 +71,31 @@ def test_a_sharded_checkpoint_reads_back_whole_or_as_shapes(tmp_path):
     assert all(torch.equal(one.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
+def test_the_weights_alone_are_read_without_the_optimizer_state(tmp_path, monkeypatch):
+    """sample, eval, serve and export (gpt.checkpoints.loading) read a sharded step checkpoint's
+    weights and leave its optimizer state (twice the weights under AdamW) on disk."""
+    from gpt.checkpoints import loading
+
+    model, optimizer = _trained()
+    path = tmp_path / runs.CKPT_DIR / runs.step_file(3)
+    _save_sharded(path, model, optimizer)
+    read = []
+    real_read = shards.read
+    monkeypatch.setattr(
+        shards, "read", lambda folder, targets, collective: read.append(sorted(targets)) or real_read(folder, targets, collective)
+    )
+
+    weights = checkpoint.load(path, training=False)
+    assert weights.training is None and weights.shards is None
+    assert all(torch.equal(weights.model[k], v) for k, v in model.state_dict().items())
+    assert read and all(key.startswith("/model/") for key in read[-1])
+
+    loaded = loading.load(str(path))
+    assert all(key.startswith("/model/") for key in read[-1])
+    assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert any(key.startswith("/optimizer/") for key in shards.placeholders(checkpoint.load(path, mmap=True).sharded_state()))
+
+
 def test_a_whole_checkpoint_is_still_format_3(tmp_path):
     model, _ = _trained()
     ckpt = Checkpoint(model=model.state_dict(), model_config=model.config.to_dict(), tokenizer={"kind": "char", "chars": []})

@@ -187,19 +187,22 @@ def _check_sums(path: Path) -> None:
         raise TinyGPTError(f"cannot load checkpoint {path}: the file is damaged ({folders[0]} is marked as a folder)")
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
+def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False, training: bool = True) -> Checkpoint:
     """mmap=True maps the tensors instead of reading them: cheap when only the metadata is needed.
     A sharded checkpoint (format 4) is checked for all its shards; with mmap=True its tensors stay
-    placeholders (meta tensors: shapes and dtypes), else they are read whole, in this process."""
+    placeholders (meta tensors: shapes and dtypes), else they are read whole, in this process.
+    training=False: the weights alone (sample, eval, serve, export, a finetune's start), without
+    the training state: a sharded step checkpoint's optimizer state (twice the weights under
+    AdamW) is not read, a whole one's is mapped, never read."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
     _check_sums(path)
     try:
         try:
-            payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap or not training)
         except RuntimeError as e:
-            if not (mmap and "mmap can only be used" in str(e)):
+            if not ((mmap or not training) and "mmap can only be used" in str(e)):
                 raise
             payload = torch.load(path, map_location=map_location, weights_only=True)  # an old-style file: read it
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError, OSError) as e:
@@ -217,6 +220,8 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
     if not isinstance(payload, dict):
         raise TinyGPTError(f"{path} is not a tinygpt checkpoint (it holds a {type(payload).__name__})")
     ckpt = Checkpoint.from_payload(payload, path)
+    if not training:
+        ckpt.training = None
     if ckpt.shards is not None:
         folder = shards.check(path, ckpt.shards)
         if not mmap:

@@ -115,7 +115,7 @@ def load(source: str, dropout: float | None = None, log=None) -> Loaded:
 
 
 def _load_file(path: Path, dropout: float | None) -> tuple[Checkpoint, nn.Module]:
-    ckpt = checkpoint.load(path)
+    ckpt = checkpoint.load(path, training=False)  # the weights; the optimizer state is a resume's
     try:
         return ckpt, model_from_checkpoint(ckpt, dropout)
     except TinyGPTError as e:
