@@ -90,6 +90,41 @@ def test_cpu_offload_puts_every_unit_under_torchs_offload_policy(tmp_path):
         dist.destroy_process_group()
 
 
+def _sample_sharded(rank: int, store: str, out: str) -> None:
+    """One of two gloo processes: the same GPT, sharded, sampled with a seed of this rank's own."""
+    import torch.distributed as dist
+
+    from gpt.config import SamplingSettings
+    from gpt.generation import generate
+    from gpt.model import GPT, GPTConfig
+    from gpt.runtime import devices
+    from gpt.tokenizers.char import CharTokenizer
+    from gpt.training import sharding
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=16, block_size=32, n_layer=2, n_head=2, n_embd=16))
+        model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False), False)
+        tokenizer = CharTokenizer(list("abcdefghijklmnop"))
+        texts = generate(model, tokenizer, ["ab"], SamplingSettings(max_new_tokens=24, temperature=1.0, seed=100 + rank))
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(texts[0][0])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_sampling_takes_rank_0s_tokens_on_every_process(tmp_path):
+    """A sharded model decodes in lockstep: every process appends rank 0's tokens, so none can
+    end sooner than another (here the processes' own seeds differ, as two devices' rounding might)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_sample_sharded, args=(str(tmp_path / "store"), str(tmp_path / "text")), nprocs=2)
+    texts = [(tmp_path / f"text.{rank}").read_text() for rank in (0, 1)]
+    assert len(texts[0]) == 24 and texts[0] == texts[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "shape, optim, extra, tolerance",

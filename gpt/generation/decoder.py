@@ -3,7 +3,10 @@ for recurrent models, their carried state)."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
+import torch.distributed as dist
 
 from gpt.config import SamplingSettings
 from gpt.generation.sampling import next_tokens, not_finite
@@ -33,6 +36,12 @@ class Decoder:
         rows = [[0] * (width - len(p)) + list(p) for p in prompts]
         self.tokens = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, columns so far)
         self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        # A sharded model (FSDP2) computes only with every process taking part, so every process
+        # must run the same forwards: each step's tokens (and finite flags) are rank 0's. Equal
+        # weights, prompts and seeds would give equal tokens anyway; this keeps a rounding
+        # difference between two devices from ending one process's rows sooner, which would
+        # leave the others waiting in an all-gather it never joins.
+        self.lockstep = _sharded(model) and dist.is_available() and dist.is_initialized()
         self.cache: KVCache | None = None
         self.offset = 0  # column of self.tokens where the cache's column 0 sits
         self.seen = torch.zeros(len(prompts), model.config.vocab_size, dtype=torch.bool, device=self.device)
@@ -124,9 +133,14 @@ class Decoder:
             logits[:, vocab_limit:] = float("-inf")
         checks: list[torch.Tensor] = []
         next_ids = next_tokens(logits, self.cfg, self.seen, self.generators, checks=checks)
+        finite = checks[0] if checks else None
+        if self.lockstep:
+            shared = torch.stack([next_ids, finite.long() if finite is not None else torch.ones_like(next_ids)])
+            dist.broadcast(shared, src=0)
+            next_ids, finite = shared[0], (shared[1].bool() if finite is not None else None)
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
         self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
-        return next_ids, (checks[0] if checks else None)
+        return next_ids, finite
 
 
 def _fresh(columns: torch.Tensor) -> torch.Tensor:
@@ -135,3 +149,10 @@ def _fresh(columns: torch.Tensor) -> torch.Tensor:
     as contiguous), and a compiled model guards on its inputs' strides: it would recompile for
     every token until it gave up and ran eagerly."""
     return columns.clone(memory_format=torch.contiguous_format)
+
+
+def _sharded(model) -> bool:
+    """Whether `model` is sharded by FSDP2, without importing FSDP where nothing did (sample.py
+    starts faster without it): a model it sharded was made where it was imported."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
