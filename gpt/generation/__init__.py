@@ -52,7 +52,7 @@ __all__ = [
 
 
 def _generate_rows(
-    model, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int
+    model, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int, device=None
 ) -> Iterator[tuple[int, str]]:
     """Yield (row, new text) pieces as rows progress. Row r is sample r % num_samples of prompt
     r // num_samples and draws from seed cfg.seed + r % num_samples, so results do not depend
@@ -62,7 +62,7 @@ def _generate_rows(
     encoded = [encode_prompt(tokenizer, p, block) for p in prompts]
     row_prompts = [ids for ids in encoded for _ in range(num_samples)]
     seeds = [cfg.seed + s for _ in encoded for s in range(num_samples)]
-    decoder = Decoder(model, row_prompts, cfg, seeds)
+    decoder = Decoder(model, row_prompts, cfg, seeds, device)
     rows = [TextStream(tokenizer, cfg.stop, cfg.stop_at_eot) for _ in row_prompts]
 
     was_training = model.training
@@ -100,11 +100,18 @@ def read_every(device: torch.device) -> int:
 
 @torch.no_grad()
 def generate(
-    model: GPT, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int = 1
+    model: GPT,
+    tokenizer,
+    prompts: list[str | list[int]],
+    cfg: SamplingSettings,
+    num_samples: int = 1,
+    device: torch.device | None = None,
 ) -> list[list[str]]:
-    """Continuations of each prompt (text, or ids): result[i][j] is sample j of prompts[i]."""
+    """Continuations of each prompt (text, or ids): result[i][j] is sample j of prompts[i].
+    `device`: where the model computes, where that is not where its weights are (FSDP2 with CPU
+    offload keeps them in host memory); by default, its weights' device."""
     texts = [""] * (len(prompts) * num_samples)
-    for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples):
+    for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples, device):
         texts[r] += piece
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 

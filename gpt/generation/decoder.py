@@ -23,12 +23,14 @@ class Decoder:
     Each row samples from its own seeded generator (`seeds[b]`), for the same reason.
     """
 
-    def __init__(self, model: GPT, prompts: list[list[int]], cfg: SamplingSettings, seeds: list[int]):
+    def __init__(
+        self, model: GPT, prompts: list[list[int]], cfg: SamplingSettings, seeds: list[int], device: torch.device | None = None
+    ):
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self.model, self.cfg = model, cfg
         self.block_size = model.config.block_size
-        self.device = next(model.parameters()).device
+        self.device = device or next(model.parameters()).device  # see generate's `device`
         lengths = [len(p) for p in prompts]
         width = max(lengths)
         self.pad_list = [width - n for n in lengths]  # also kept on the host: reading it back would wait for the device

@@ -131,7 +131,7 @@ class Trainer:
         precision = contextlib.nullcontext() if r.rt.device.type == "cpu" else r.rt.autocast()
         with precision:
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
-            return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings)[0][0]
+            return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings, device=r.rt.device)[0][0]
 
     # --- fit --------------------------------------------------------------------------------------
 

@@ -186,7 +186,8 @@ def test_public_step_and_evaluate_api(tmp_path, data_root):
 
 def test_training_samples_decode_in_fp32_on_a_cpu_that_trains_in_bf16(tmp_path, data_root, monkeypatch):
     """The samples a run shows are decoded as sample.py decodes on a CPU: fp32, no autocast, even
-    where the steps train under bf16 autocast (faster there, docs/performance.md)."""
+    where the steps train under bf16 autocast (faster there, docs/performance.md); on the device
+    the run computes on, named (not the weights', which CPU offload keeps in host memory)."""
     import gpt.training.loop as loop
 
     root, data_overrides = data_root
@@ -194,13 +195,14 @@ def test_training_samples_decode_in_fp32_on_a_cpu_that_trains_in_bf16(tmp_path, 
     assert run.rt.dtype == torch.bfloat16  # the steps' autocast
     seen = []
 
-    def generate(model, *args, **kwargs):
-        seen.append(torch.is_autocast_enabled("cpu"))
+    def generate(model, *args, device=None, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), device))
         return [["text"]]
 
     monkeypatch.setattr(loop, "generate", generate)
     assert Trainer(run).sample(8) == "text"
-    assert seen == [False]
+    # and on the run's device, named: under FSDP2's CPU offload the weights are not there
+    assert seen == [(False, run.rt.device)]
 
 
 def test_rerunning_a_finished_run_keeps_its_record(tmp_path, data_root):
