@@ -42,7 +42,7 @@ def evaluate_chat(model, tokenizer, items: list[ChatItem], device, batch_size: i
     settings = SamplingSettings(max_new_tokens=longest + 8, temperature=0.0)
     replies: list[str] = []
     for start in range(0, len(items), batch_size):
-        replies += [r[0] for r in generate(model, tokenizer, prompts[start : start + batch_size], settings)]
+        replies += [r[0] for r in generate(model, tokenizer, prompts[start : start + batch_size], settings, device=device)]
     right = [reply.strip() == item.answer.strip() for reply, item in zip(replies, items)]
     result: dict = {"task": name, "items": len(items), "acc": sum(right) / len(items)}
     for skill in sorted({item.skill for item in items if item.skill}):
