@@ -38,9 +38,11 @@ import argparse
 import math
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -210,8 +212,6 @@ def reference_run(args) -> None:
     batches each, `estimate_loss`), a checkpoint (model and optimizer) whenever val improves after
     step 0 (the recipe's always_save_checkpoint=False), and a line with the loss read back at every
     step (log_interval=1)."""
-    import tempfile
-
     torch.manual_seed(1337)
     train_tokens, val_tokens, vocab = prepared_tokens()
     model = ReferenceGPT(vocab, **SHAPE)
@@ -251,8 +251,6 @@ def reference_run(args) -> None:
             loss = reference_step(model, optimizer, train_tokens, rng)
             print(f"iter {it}: loss {loss.item():.4f}, time {(time.perf_counter() - t0) * 1000:.2f}ms")
     finally:
-        import shutil
-
         shutil.rmtree(out_dir, ignore_errors=True)
 
 

@@ -90,8 +90,9 @@ def test_the_weights_alone_are_read_without_the_optimizer_state(tmp_path, monkey
     assert all(torch.equal(weights.model[k], v) for k, v in model.state_dict().items())
     assert read and all(key.startswith("/model/") for key in read[-1])
 
+    before = len(read)
     loaded = loading.load(str(path))
-    assert all(key.startswith("/model/") for key in read[-1])
+    assert len(read) == before + 1 and all(key.startswith("/model/") for key in read[-1])
     assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in model.state_dict().items())
     assert any(key.startswith("/optimizer/") for key in shards.placeholders(checkpoint.load(path, mmap=True).sharded_state()))
 

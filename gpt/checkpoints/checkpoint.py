@@ -198,11 +198,12 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
     if not path.is_file():
         raise TinyGPTError(f"checkpoint {path} does not exist; pass an existing .pt file or a run directory")
     _check_sums(path)
+    mapped = mmap or not training  # (the weights alone: the optimizer state's pages are never touched)
     try:
         try:
-            payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap or not training)
+            payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mapped)
         except RuntimeError as e:
-            if not ((mmap or not training) and "mmap can only be used" in str(e)):
+            if not (mapped and "mmap can only be used" in str(e)):
                 raise
             payload = torch.load(path, map_location=map_location, weights_only=True)  # an old-style file: read it
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError, OSError) as e:

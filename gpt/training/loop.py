@@ -125,9 +125,10 @@ class Trainer:
         first user turn, shown after that turn."""
         r = self.run
         prompt, shown = r.data.sample_prompt()
-        # On a CPU decoding stays fp32, as sample.py's does (gpt.runtime.devices.pick_dtype): bf16
-        # autocast there only adds casts to single-token steps (100 tokens of the quickstart
-        # model: 0.45-0.58 s under it, 0.32-0.43 s without).
+        # On a CPU decoding stays fp32, as sample.py's does under dtype=auto (gpt.runtime.devices.
+        # pick_dtype), whatever the steps train in: bf16 autocast there only adds casts to
+        # single-token steps (100 tokens of the quickstart model: 0.45-0.58 s under it, 0.32-0.43 s
+        # without).
         precision = contextlib.nullcontext() if r.rt.device.type == "cpu" else r.rt.autocast()
         with precision:
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
