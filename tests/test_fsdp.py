@@ -314,6 +314,32 @@ def test_a_llama_folder_finetuned_sharded_trains_like_one_process_and_exports(tm
 
 
 @pytest.mark.slow
+def test_a_bf16_gpt2_folder_starts_a_sharded_finetune_like_one_process(tmp_path, data_root):
+    """Rank 0 maps the folder (loading.load(mapped=True)) and scatters its weights one tensor at a
+    time: bf16 as saved, GPT-2's Conv1D weights as transposed views of the file. The shards hold
+    what one process reads into float32: losses within 1e-5 over 20 steps."""
+    transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
+    root, _ = data_root
+    llama, corpus = llama_folder(tmp_path, root)  # its BPE tokenizer and corpus
+    config = transformers.GPT2Config(vocab_size=400, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(config).to(torch.bfloat16).save_pretrained(folder)
+    shutil.copy(llama / "tokenizer.json", folder / "tokenizer.json")
+    args = [
+        f"init_from={folder}", "data=local", f"data.source.path={corpus}", "data.name=gpt2_ft", "data.split_by=tail",
+        "data.tokenizer.kind=hf", f"data.tokenizer.name={folder}", "optim=adamw", "train.eval_iters=2",
+        "train.eval_interval=10", "train.sample_tokens=0", "train.log_interval=1", "finetune.block_size=32",
+        "train.max_iters=20", *EXACT,
+    ]  # fmt: skip
+    one = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _torchrun(2, [*args, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, root)
+    assert two.returncode == 0 and "FSDP2 over 2 processes" in two.stdout, two.stderr[-3000:]
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= 1e-5
+
+
+@pytest.mark.slow
 def test_a_tied_table_some_process_holds_no_rows_of_saves_and_resumes(tmp_path, data_root):
     """Three processes over a tied 2-token table: the third holds no rows of it (FSDP2 cuts by
     rows), yet every process must agree that the embedding and the LM head are one tensor, or

@@ -3,9 +3,13 @@ the newest run. Run: pytest tests/test_loading.py"""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 import torch
 
+from gpt.chat.template import ChatTokenizer
 from gpt.checkpoints import checkpoint, loading, runs
 from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.checkpoints.resume import resumable
@@ -13,6 +17,7 @@ from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.model.lora import apply_lora
 from gpt.tokenizers import CharTokenizer
+from gpt.training.finetune import add_chat_tokens
 from helpers import export_hf
 
 CHARS = list("abcdefgh")
@@ -110,3 +115,74 @@ def test_a_resumable_checkpoint_is_one_whose_weights_fit_and_a_rewritten_one_is_
     with pytest.raises(TinyGPTError, match="ckpt-0000003.pt"):
         resumable(path)
     assert len(built) == 2
+
+
+def _mapped_ranges(path) -> list[tuple[int, int]]:
+    """The addresses at which this process maps the file `path` (Linux's /proc/self/maps)."""
+    ranges = []
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+def _hf_folder(tmp_path, family: str):
+    """A small GPT-2 (tied head: its Conv1D weights transposed on load) or Llama (untied head:
+    q, k and v stacked on load) folder saved in bf16, as Hub models are, with a char tokenizer."""
+    transformers = pytest.importorskip("transformers", reason="the dev extra installs transformers")
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+        hf = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=False,
+        )  # fmt: skip
+        hf = transformers.LlamaForCausalLM(config)
+    folder = tmp_path / family
+    hf.to(torch.bfloat16).save_pretrained(folder)
+    chars = [chr(ord("0") + i) for i in range(64)]
+    (folder / "tinygpt_tokenizer.json").write_text(json.dumps({"kind": "char", "chars": chars}))
+    return folder, chars
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_mapped_load_holds_the_files_pages_and_computes_what_a_read_one_does(tmp_path, family):
+    """loading.load(mapped=True), an FSDP2 start's rank 0: every weight the folder holds as it is
+    (all but Llama's stacked q/k/v) is the file's mapped memory in the file's dtype, nothing
+    copied; a tied head is still the embedding; in float32 it computes what the model read into
+    float32 does, and the chat template's new rows (add_chat_tokens) are the same bits."""
+    folder, chars = _hf_folder(tmp_path, family)
+    read = loading.load(str(folder)).model
+    mapped = loading.load(str(folder), mapped=True).model
+    ranges = _mapped_ranges(folder / "model.safetensors")
+    assert ranges, "safetensors maps the file"
+    for name, p in mapped.named_parameters():
+        inside = any(start <= p.data_ptr() < end for start, end in ranges)
+        assert p.dtype == torch.bfloat16 and inside != (family == "llama" and ".c_attn." in name), name
+    assert (mapped.lm_head.weight is mapped.transformer.wte.weight) == (family == "gpt2")
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(copy.deepcopy(mapped).float()(idx)[0], read(idx)[0])
+
+    tokenizer = ChatTokenizer(CharTokenizer(chars))
+    for model in (read, mapped):
+        add_chat_tokens(model, tokenizer, log=lambda _: None)
+    for name, value in read.state_dict().items():
+        assert torch.equal(mapped.state_dict()[name].float(), value), name
+    assert mapped.transformer.wte.weight.dtype == torch.float32  # the grown table: no rounded means
+
+
+def test_a_mapped_checkpoint_holds_its_files_pages(tmp_path):
+    """A tinygpt run as init_from under FSDP2: its best.pt's weights are the mapped file's, tied."""
+    model, run = _run(tmp_path)
+    loaded = loading.load(run, mapped=True)
+    ranges = _mapped_ranges(tmp_path / "run" / runs.CKPT_DIR / runs.BEST)
+    assert ranges and all(any(a <= p.data_ptr() < b for a, b in ranges) for p in loaded.model.parameters())
+    assert loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
+    idx = torch.randint(0, 8, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(loaded.model(idx)[0], model(idx)[0])

@@ -17,7 +17,7 @@ from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.config import PathsSettings
 from gpt.errors import TinyGPTError
-from gpt.model import registry
+from gpt.model import meta, registry
 from gpt.tokenizers import Tokenizer, tokenizer_from_dict
 
 
@@ -78,16 +78,23 @@ def check(source: str, what: str = "init_from") -> None:
     raise TinyGPTError(f"{what}={source}: no checkpoint of that run loads ({reasons[0]})")
 
 
-def load(source: str, dropout: float | None = None, log=None) -> Loaded:
+def load(source: str, dropout: float | None = None, log=None, mapped: bool = False) -> Loaded:
     """A Hugging Face model (Hub name or folder with config.json), a tinygpt checkpoint, or a run
     directory (its best.pt, else its newest step checkpoint; a damaged one is skipped with a
-    notice through `log`, stderr by default). `dropout` replaces the model's."""
+    notice through `log`, stderr by default). `dropout` replaces the model's.
+
+    `mapped`: the model's weights are the file's own tensors, mapped and not read (safetensors
+    and torch.load(mmap=True) map copy-on-write: writing one changes this process's copy, never
+    the file), in the file's dtype (a bf16 folder gives bf16 weights), built with no values of
+    its own first: what a process that only passes the weights on needs (an FSDP2 start's rank 0,
+    which sends them tensor by tensor). A sharded checkpoint's weights are read whole either way.
+    Without it, a float32 model of private memory."""
     from gpt import interop
 
     log = log or (lambda message: print(message, file=sys.stderr))
 
     if interop.is_hf_source(source):
-        model, tokenizer = interop.load(source, dropout or 0.0)
+        model, tokenizer = interop.load(source, dropout or 0.0, mapped)
         if tokenizer is None:
             raise TinyGPTError(
                 f"{source} has a vocabulary of {model.config.vocab_size} and no tokenizer files (tokenizer.json, or "
@@ -98,13 +105,13 @@ def load(source: str, dropout: float | None = None, log=None) -> Loaded:
     if not path.exists():
         raise _no_such_model("init_from", source)
     if not path.is_dir():
-        ckpt, model = _load_file(path, dropout)
+        ckpt, model = _load_file(path, dropout, mapped)
         return Loaded(model.eval(), ckpt.tokenizer, str(path), ckpt)
     runs.checkpoint_in_run(path)  # refuses a directory without checkpoints
     refused = []
     for candidate in runs.candidates_in_run(path):
         try:
-            ckpt, model = _load_file(candidate, dropout)
+            ckpt, model = _load_file(candidate, dropout, mapped)
         except TinyGPTError as e:
             refused.append(str(e))
             continue
@@ -114,40 +121,43 @@ def load(source: str, dropout: float | None = None, log=None) -> Loaded:
     raise TinyGPTError(f"no checkpoint of {path} loads ({refused[0]}); pass ckpt=<a checkpoint that loads>")
 
 
-def _load_file(path: Path, dropout: float | None) -> tuple[Checkpoint, nn.Module]:
+def _load_file(path: Path, dropout: float | None, mapped: bool = False) -> tuple[Checkpoint, nn.Module]:
     ckpt = checkpoint.load(path, training=False)  # the weights; the optimizer state is a resume's
     try:
-        return ckpt, model_from_checkpoint(ckpt, dropout)
+        return ckpt, model_from_checkpoint(ckpt, dropout, mapped)
     except TinyGPTError as e:
         raise TinyGPTError(f"{path}: {e}") from None
 
 
-def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None) -> nn.Module:
+def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None, mapped: bool = False) -> nn.Module:
     """The plain model in a checkpoint; a LoRA finetune's adapters are folded in. A sharded
     checkpoint loaded without its tensors (placeholders: checkpoint.load(mmap=True)) gives a model
-    on the meta device: its shapes checked against the checkpoint's, no values."""
+    on the meta device: its shapes checked against the checkpoint's, no values. `mapped`: the
+    checkpoint's tensors themselves are the weights (see `load`)."""
     from gpt.model.lora import apply_lora, merge_lora
 
     config = dict(ckpt.model_config)
     if dropout is not None:
         config["dropout"] = dropout
+    # built on the meta device: no initial values computed (or random numbers drawn) to be overwritten
     shapes_only = any(t.is_meta for t in ckpt.model.values())
-    with torch.device("meta") if shapes_only else contextlib.nullcontext():
+    with torch.device("meta"):
         model = registry.build(registry.config_from_dict(config))
         if ckpt.lora:
             apply_lora(model, ckpt.lora["rank"], ckpt.lora["alpha"])
-            _load_weights(model, ckpt, shapes_only)
+    _load_weights(model, ckpt, copy=not (mapped or shapes_only))
+    if ckpt.lora:
+        with torch.device("meta") if shapes_only else contextlib.nullcontext():
             merge_lora(model)
-            for p in model.parameters():
-                p.requires_grad_(True)
-        else:
-            _load_weights(model, ckpt, shapes_only)
+        for p in model.parameters():
+            p.requires_grad_(True)
     return model
 
 
-def _load_weights(model: nn.Module, ckpt: Checkpoint, shapes_only: bool = False) -> None:
+def _load_weights(model: nn.Module, ckpt: Checkpoint, copy: bool) -> None:
+    """The checkpoint's weights as `model`'s (built on the meta device): copies, or the tensors themselves."""
     try:
-        model.load_state_dict(ckpt.model, assign=shapes_only)
+        meta.adopt(model, ckpt.model, copy=copy)
     except RuntimeError as e:
         detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
         raise TinyGPTError(

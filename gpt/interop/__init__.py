@@ -8,7 +8,8 @@
                loaded with trust_remote_code=True)
 
 A family module offers `check(folder, config)` (refuses what it cannot compute, weights
-unread), `load(folder, config, dropout) -> (GPT, tokenizer dict | None)`,
+unread), `load(folder, config, dropout, mapped) -> (GPT, tokenizer dict | None)` (`mapped`: the
+weights left in the file's mapped pages, see gpt.checkpoints.loading.load),
 `cannot_export(model_config) -> reason | None` and `export(model, tokenizer, out)`; a fourth
 family is one more module and one more line in FAMILIES.
 """
@@ -51,12 +52,13 @@ def check(source: str) -> None:
         ) from None
 
 
-def load(source: str, dropout: float = 0.0):
-    """(GPT, tokenizer dict | None) of a Hugging Face model: a Hub name or a local folder."""
+def load(source: str, dropout: float = 0.0, mapped: bool = False):
+    """(GPT, tokenizer dict | None) of a Hugging Face model: a Hub name or a local folder.
+    `mapped`: see gpt.checkpoints.loading.load."""
     folder = hf.resolve_dir(source, HUB_MODELS)
     check(str(folder))
     config = hf.read_config(folder)
-    return FAMILIES[config.get("model_type")].load(folder, config, dropout)
+    return FAMILIES[config.get("model_type")].load(folder, config, dropout, mapped)
 
 
 def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:

@@ -46,7 +46,7 @@ _NO_EFFECT = (
 )
 
 
-def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | None]:
+def load(folder: Path, config: dict, dropout: float = 0.0, mapped: bool = False) -> tuple[GPT, dict | None]:
     """Our GPT with the weights of the Hugging Face GPT-2 in `folder` (its config.json read as
     `config`), and the dict form of its tokenizer (gpt.interop.hf.tokenizer_for)."""
     check(folder, config)
@@ -71,8 +71,7 @@ def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | 
         state[key] = value.t() if key.endswith(_TRANSPOSED) else value
     if model_config.tie_embeddings:
         hf.tie_head(state, folder)
-    model = GPT(model_config)
-    hf.load_into(model, state, folder, "GPT-2")
+    model = hf.build(model_config, state, folder, "GPT-2", mapped)
     return model, hf.tokenizer_for(folder, model_config.vocab_size, gpt2_vocab=True)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from gpt.errors import TinyGPTError
+from gpt.model import GPT, meta
 from gpt.runtime import io
 from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from gpt.tokenizers.hf import EOT, HFTokenizer
@@ -153,10 +154,16 @@ def tie_head(state: dict, folder: Path) -> None:
         raise TinyGPTError(f"{folder}: tie_word_embeddings=true but lm_head.weight differs from the token embedding")
 
 
-def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Path, family: str) -> None:
-    """Load a mapped state dict, every weight accounted for, or say in one line what does not fit."""
+def build(config, state: dict[str, torch.Tensor], folder: Path, family: str, mapped: bool = False):
+    """Our GPT of `config` holding `state` (the folder's weights under our names), every weight
+    accounted for, or one line saying what does not fit. Built on the meta device, so no initial
+    values are computed only to be overwritten; the weights are float32 copies, or with `mapped`
+    the state's tensors themselves (safetensors maps the file: nothing is read until used; in the
+    file's dtype; gpt.checkpoints.loading.load)."""
+    with torch.device("meta"):
+        model = GPT(config)
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = meta.adopt(model, state, strict=False, copy=not mapped)
     except RuntimeError as e:  # shapes that contradict config.json
         detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
         raise TinyGPTError(f"{folder}: the weights do not fit its config.json ({detail})") from None
@@ -164,6 +171,7 @@ def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Pa
         raise TinyGPTError(
             f"{folder} does not match a {family} of its config: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
+    return model
 
 
 def tokenizer_for(folder: Path, vocab_size: int, gpt2_vocab: bool = False) -> dict | None:

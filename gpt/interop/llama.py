@@ -138,7 +138,7 @@ def _names(i: int) -> dict[str, str]:
 GLOBAL = {"model.embed_tokens.weight": "transformer.wte.weight", "model.norm.weight": "transformer.ln_f.weight"}
 
 
-def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | None]:
+def load(folder: Path, config: dict, dropout: float = 0.0, mapped: bool = False) -> tuple[GPT, dict | None]:
     """Our GPT with the weights of the LlamaForCausalLM (or Qwen2/Qwen3) in `folder`, and the dict
     form of its tokenizer (gpt.interop.hf.tokenizer_for)."""
     model_config = _config(folder, config, dropout)
@@ -165,8 +165,7 @@ def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | 
     unknown = sorted(k for k in theirs if k not in used and not k.endswith("rotary_emb.inv_freq"))
     if unknown:
         raise TinyGPTError(f"{folder} holds weights a {config.get('model_type')} model has no place for: {unknown[:3]}")
-    model = GPT(model_config)
-    hf.load_into(model, state, folder, ARCHITECTURES.get(config.get("model_type"), "Llama"))
+    model = hf.build(model_config, state, folder, ARCHITECTURES.get(config.get("model_type"), "Llama"), mapped)
     return model, hf.tokenizer_for(folder, model_config.vocab_size)
 
 

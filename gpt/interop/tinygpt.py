@@ -63,7 +63,7 @@ def check(folder: Path, config: dict) -> None:
         raise TinyGPTError(f"{folder}: config.json of model_type tinygpt lacks {', '.join(unknown)}; export it again")
 
 
-def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | None]:
+def load(folder: Path, config: dict, dropout: float = 0.0, mapped: bool = False) -> tuple[GPT, dict | None]:
     """Our GPT from a folder of this family (its weights under tinygpt's own names)."""
     check(folder, config)
     model_config = GPTConfig(
@@ -75,6 +75,5 @@ def load(folder: Path, config: dict, dropout: float = 0.0) -> tuple[GPT, dict | 
     state = dict(hf.read_state_dict(folder))
     if model_config.tie_embeddings:
         hf.tie_head(state, folder)
-    model = GPT(model_config)
-    hf.load_into(model, state, folder, "tinygpt")
+    model = hf.build(model_config, state, folder, "tinygpt", mapped)
     return model, hf.tokenizer_for(folder, model_config.vocab_size)

@@ -9,7 +9,7 @@ import torch
 from gpt.checkpoints import loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
-from gpt.model import registry
+from gpt.model import meta, registry
 from gpt.model.lora import apply_lora
 from gpt.tokenizers import require_same, without_template
 
@@ -69,8 +69,9 @@ def _extend_context(model, context: int, source: str, log):
             f"finetune.block_size={context} is longer than {source}'s context ({model.config.block_size}) and {what}; "
             f"use finetune.block_size <= {model.config.block_size}"
         )
-    longer = registry.build(model.config.changed(block_size=context))
-    longer.load_state_dict(model.state_dict())
+    with torch.device("meta"):  # the same weights, not copies (they may be a file's mapped pages)
+        longer = registry.build(model.config.changed(block_size=context))
+    meta.adopt(longer, model.state_dict())
     log(f"context {model.config.block_size} -> {context} ({kind} positions reach any length)")
     return longer.train()
 
@@ -88,16 +89,21 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
     emb = _token_table(model)
     head = model.lm_head
     tied = head.weight is emb.weight
-    size = need
+    # A base mapped from a bf16 folder (loading.load(mapped=True)) holds bf16 tables: they are
+    # copied to float32 before the means are taken, so the new rows are the ones a base read into
+    # float32 gets, and stay unrounded
+    dtype = torch.promote_types(emb.weight.dtype, torch.float32)
+    size = emb.num_embeddings
     if hasattr(model.config, "vocab_multiple") and emb.num_embeddings < need:
         # A table re-allocated anyway is padded for free: a BPE vocabulary to a multiple of 64
         # (GPT-2's 50257 + 4 -> 50304, not a misaligned 50261); a char or byte one as it was.
         multiple = max(model.config.vocab_multiple, 64 if need >= 1024 else 1)
         model.config.vocab_multiple = multiple
         size = -(-need // multiple) * multiple
+    size = max(size, need)
     with torch.no_grad():
-        if emb.num_embeddings < need:
-            grown = torch.nn.Embedding(size, emb.embedding_dim, dtype=emb.weight.dtype, device=emb.weight.device)
+        if emb.num_embeddings < size or emb.weight.dtype != dtype:
+            grown = torch.nn.Embedding(size, emb.embedding_dim, dtype=dtype, device=emb.weight.device)
             grown.weight[: emb.num_embeddings] = emb.weight
             if hasattr(model, "transformer"):
                 model.transformer.wte = grown
@@ -106,12 +112,13 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
             if tied:
                 head.weight = grown.weight
             emb = grown
-        if not tied and head.out_features < need:
-            grown = torch.nn.Linear(head.in_features, size, bias=head.bias is not None, dtype=head.weight.dtype)
+        if not tied and (head.out_features < need or head.weight.dtype != dtype):
+            rows = size if head.out_features < need else head.out_features
+            grown = torch.nn.Linear(head.in_features, rows, bias=head.bias is not None, dtype=dtype)
             grown.weight[: head.out_features] = head.weight
             if head.bias is not None:
                 grown.bias[: head.out_features] = head.bias
-                grown.bias[head.out_features :] = head.bias[:base_vocab].mean()
+                grown.bias[head.out_features :] = grown.bias[:base_vocab].mean()
             model.lm_head = head = grown
         emb.weight[base_vocab:need] = emb.weight[:base_vocab].mean(dim=0)
         if not tied:

@@ -29,7 +29,7 @@ from gpt.config.model import LABELS, GPTConfig, as_given
 from gpt.data import Dataset, load_data
 from gpt.data.shards import SIZES
 from gpt.errors import TinyGPTError
-from gpt.model import compute, registry
+from gpt.model import compute, meta, registry
 from gpt.runtime import devices, distributed
 from gpt.tokenizers import require_same
 from gpt.tracking import ensure_console_logging, logger
@@ -76,10 +76,11 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     reads_shards = sharded and resumed is not None and resumed.shards is not None
     on_meta = reads_shards or (from_rank_0 and not dist.is_main)
     building = (lambda: torch.device("meta")) if on_meta else contextlib.nullcontext
-    # The weights a new finetune starts from, loaded once (rank 0 alone under FSDP2): conversations
-    # are tokenized with their tokenizer (a resumed finetune's checkpoint has it).
+    # The weights a new finetune starts from, loaded once: conversations are tokenized with their
+    # tokenizer (a resumed finetune's checkpoint has it). Under FSDP2 rank 0 alone loads them, and
+    # mapped: its model holds the file's pages, read as each tensor is sent (load_from_rank_0).
     loads_base = cfg.init_from and resumed is None and not (from_rank_0 and not dist.is_main)
-    base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout)) if loads_base else None
+    base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout), mapped=from_rank_0) if loads_base else None
     base_tokenizer = (
         (resumed.tokenizer if resumed is not None else getattr(base, "tokenizer_spec", None)) if cfg.init_from else None
     )
@@ -112,7 +113,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     whole = None
     if from_rank_0:  # rank 0's weights (LoRA's new adapters too), kept on the CPU; its model becomes shapes
         whole = model.state_dict() if dist.is_main else {}
-        sharding.to_meta(model)
+        meta.to_meta(model)
     elif not on_meta:
         model = model.to(rt.device)
     if resumed is not None and resumed.shards is None:  # whole weights into the whole model, before any sharding
@@ -121,7 +122,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         model = sharding.shard(model, rt, offload=cfg.cpu_offload)
     if from_rank_0:
         sharding.materialize(model, rt.device, cfg.cpu_offload)
-        sharding.load_from_rank_0(model, whole)
+        sharding.load_from_rank_0(model, whole, rt.device)
         del whole
     elif reads_shards:
         sharding.materialize(model, rt.device, cfg.cpu_offload)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -47,27 +46,33 @@ def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Mo
     return model
 
 
-def load_from_rank_0(model: nn.Module, whole: dict) -> None:
+def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> None:
     """The sharded, materialized `model` filled with rank 0's whole weights (`whole`; {} on every
-    other rank, which never held them): each process receives only its shards. Ranks are seeded
-    apart (for dropout), so rank 0's initial weights are the model's, as DDP makes them when it
-    wraps. (torch's set_model_state_dict does the broadcast, tensor by tensor.)"""
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, whole, options=options)
+    other rank, which never held them), one tensor at a time: rank 0 scatters each tensor's
+    shards (torch's distribute_tensor from rank 0) and every process copies its own into place.
+    Ranks are seeded apart (for dropout), so rank 0's initial weights are the model's, as DDP
+    makes them when it wraps.
 
-
-def to_meta(model: nn.Module) -> None:
-    """`model`'s weights dropped, its shapes kept (the meta device), with tied weights still one
-    parameter: Module.to("meta") gives each module a parameter of its own."""
-    places: dict[int, list[tuple[nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                places.setdefault(id(p), []).append((module, name))
-    model.to("meta")
-    for (first, name), *others in places.values():
-        for module, other in others:
-            setattr(module, other, getattr(first, name))
+    What torch's set_model_state_dict(broadcast_from_rank0=True) lacked: it sends each tensor as
+    it is given, and a finetune's base arrives mapped from its file (gpt.checkpoints.loading,
+    mapped=True): in the file's dtype (a bf16 folder), and GPT-2's Conv1D weights as transposed
+    views, which a collective refuses. Each is made a contiguous tensor of the shard's dtype here,
+    one at a time: rank 0 holds one whole tensor at most beside the mapping. `device`: the run's,
+    where the collectives run (under cpu_offload the shards themselves sit in host memory)."""
+    rank0 = torch.distributed.get_rank() == 0
+    for name, shard in model.state_dict().items():
+        if not isinstance(shard, DTensor):  # (a fully sharded GPT has none; sent whole if it had)
+            value = whole[name].to(device, shard.dtype).contiguous() if rank0 else torch.empty_like(shard, device=device)
+            torch.distributed.broadcast(value, src=0)
+            shard.copy_(value)
+            continue
+        if rank0:
+            value = whole[name].to(device, shard.dtype).contiguous()
+        else:  # its shape for the scatter; its values are never read (nor, on a CPU, its pages touched)
+            value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
+        cut = distribute_tensor(value, shard.device_mesh, shard.placements, src_data_rank=0)
+        shard.to_local().copy_(cut.to_local())
+        del value, cut
 
 
 def materialize(model: nn.Module, device: torch.device, offload: bool = False) -> None:

@@ -1,0 +1,65 @@
+"""Models without memory of their own: a model's weights dropped to shapes on the meta device
+(`to_meta`), or a model built on the meta device that takes a state dict's own tensors as its
+weights (`adopt`), with no values computed or copied first. Weight tying survives both, which
+torch's own moves do not (Module.to("meta") and load_state_dict(assign=True) give each module a
+parameter of its own)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def _places(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Where each parameter sits: [(module, attribute name), ...] per parameter, a tied one's
+    every place in one list."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                places.setdefault(id(p), []).append((module, name))
+    return list(places.values())
+
+
+def _retie(places: list[list[tuple[nn.Module, str]]]) -> None:
+    for (first, name), *others in places:
+        for module, other in others:
+            setattr(module, other, getattr(first, name))
+
+
+def to_meta(model: nn.Module) -> None:
+    """`model`'s weights dropped, their shapes kept on the meta device as a model built there
+    holds them: contiguous and float32 (a base mapped from its file may hold bf16, or GPT-2's
+    weights as transposed views, which FSDP2 refuses to shard), tied weights still one parameter."""
+    places = _places(model)
+    model.to("meta")
+    for (first, name), *others in places:
+        p = getattr(first, name)
+        dtype = torch.promote_types(p.dtype, torch.float32) if p.is_floating_point() else p.dtype
+        fresh = nn.Parameter(torch.empty(p.shape, dtype=dtype, device="meta"), requires_grad=p.requires_grad)
+        for module, attr in ((first, name), *others):
+            setattr(module, attr, fresh)
+
+
+def adopt(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True, copy: bool = False):
+    """`model`, built on the meta device, given `state`'s tensors themselves as its weights (in
+    their dtype, on their device; a file's mapped pages stay mapped: nothing is read until used),
+    or with `copy` private contiguous copies in the model's own dtypes (what load_state_dict into
+    a built model gives, without building values first: no initialisation drawn from the random
+    generator, or computed, only to be overwritten); tied weights tied again, and its fixed tables
+    (position tables, which no state dict holds) computed beside them. Returns load_state_dict's
+    missing and unexpected keys; a shape that does not fit raises its RuntimeError."""
+    places = _places(model)
+    if copy:
+        dtypes = {k: t.dtype for k, t in model.state_dict().items()}
+        copies: dict[int, torch.Tensor] = {}  # a tensor under two names (a tied head) copied once
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and id(value) not in copies:
+                copies[id(value)] = value.to(dtypes.get(key, value.dtype), copy=True, memory_format=torch.contiguous_format)
+        state = {k: copies.get(id(v), v) for k, v in state.items()}
+    result = model.load_state_dict(state, strict=strict, assign=True)
+    _retie(places)
+    device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    for name, table in getattr(model, "fixed_tables", dict)().items():
+        setattr(model, name, table.to(device))
+    return result
