@@ -154,7 +154,8 @@ def test_a_mapped_load_holds_the_files_pages_and_computes_what_a_read_one_does(t
     """loading.load(mapped=True), an FSDP2 start's rank 0: every weight the folder holds as it is
     (all but Llama's stacked q/k/v) is the file's mapped memory in the file's dtype, nothing
     copied; a tied head is still the embedding; in float32 it computes what the model read into
-    float32 does, and the chat template's new rows (add_chat_tokens) are the same bits."""
+    float32 does, and the chat template's new rows (add_chat_tokens) are the same bits, drawn
+    from no random generator."""
     folder, chars = _hf_folder(tmp_path, family)
     read = loading.load(str(folder)).model
     mapped = loading.load(str(folder), mapped=True).model
@@ -170,7 +171,11 @@ def test_a_mapped_load_holds_the_files_pages_and_computes_what_a_read_one_does(t
 
     tokenizer = ChatTokenizer(CharTokenizer(chars))
     for model in (read, mapped):
+        before = torch.random.get_rng_state()
         add_chat_tokens(model, tokenizer, log=lambda _: None)
+        # grown (the bf16 tables always) without drawing: LoRA's adapters, drawn next, do not
+        # depend on how the base was loaded
+        assert torch.equal(torch.random.get_rng_state(), before)
     for name, value in read.state_dict().items():
         assert torch.equal(mapped.state_dict()[name].float(), value), name
     assert mapped.transformer.wte.weight.dtype == torch.float32  # the grown table: no rounded means

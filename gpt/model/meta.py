@@ -52,11 +52,18 @@ def adopt(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True,
     places = _places(model)
     if copy:
         dtypes = {k: t.dtype for k, t in model.state_dict().items()}
-        copies: dict[int, torch.Tensor] = {}  # a tensor under two names (a tied head) copied once
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and id(value) not in copies:
-                copies[id(value)] = value.to(dtypes.get(key, value.dtype), copy=True, memory_format=torch.contiguous_format)
-        state = {k: copies.get(id(v), v) for k, v in state.items()}
+        # a tied weight is copied once, under its first name: the others are re-tied to it below
+        # (a file may hold it as two tensors: torch.load gives the tied keys one object each)
+        names: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        alias = {other: first for first, *others in names.values() for other in others if first in state}
+        copies = {
+            k: v.to(dtypes.get(k, v.dtype), copy=True, memory_format=torch.contiguous_format)
+            for k, v in state.items()
+            if isinstance(v, torch.Tensor) and k not in alias
+        }
+        state = {k: copies.get(alias.get(k, k), v) for k, v in state.items()}
     result = model.load_state_dict(state, strict=strict, assign=True)
     _retie(places)
     device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))

@@ -103,7 +103,7 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
     size = max(size, need)
     with torch.no_grad():
         if emb.num_embeddings < size or emb.weight.dtype != dtype:
-            grown = torch.nn.Embedding(size, emb.embedding_dim, dtype=dtype, device=emb.weight.device)
+            grown = _blank(torch.nn.Embedding(size, emb.embedding_dim, dtype=dtype, device="meta"), emb.weight.device)
             grown.weight[: emb.num_embeddings] = emb.weight
             if hasattr(model, "transformer"):
                 model.transformer.wte = grown
@@ -114,7 +114,8 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
             emb = grown
         if not tied and (head.out_features < need or head.weight.dtype != dtype):
             rows = size if head.out_features < need else head.out_features
-            grown = torch.nn.Linear(head.in_features, rows, bias=head.bias is not None, dtype=dtype)
+            linear = torch.nn.Linear(head.in_features, rows, bias=head.bias is not None, dtype=dtype, device="meta")
+            grown = _blank(linear, head.weight.device)
             grown.weight[: head.out_features] = head.weight
             if head.bias is not None:
                 grown.bias[: head.out_features] = head.bias
@@ -127,6 +128,17 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
     log(
         f"chat template: {need - base_vocab} special tokens added (ids {base_vocab}-{need - 1}), initialised to the mean embedding"
     )
+
+
+def _blank(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """`module` (built on the meta device) with zeros for weights: a table grown here takes its rows
+    from the base and the mean, and the padding rows past them are never read (no token has their
+    ids; logits stop at the vocabulary). Built without random values, so the generator's state, and
+    LoRA's adapters drawn next, are the same whether the table grew or not."""
+    module = module.to_empty(device=device)
+    for p in module.parameters():
+        p.zero_()
+    return module
 
 
 def _token_table(model) -> torch.nn.Embedding:

@@ -53,26 +53,38 @@ def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> Non
     Ranks are seeded apart (for dropout), so rank 0's initial weights are the model's, as DDP
     makes them when it wraps.
 
-    What torch's set_model_state_dict(broadcast_from_rank0=True) lacked: it sends each tensor as
-    it is given, and a finetune's base arrives mapped from its file (gpt.checkpoints.loading,
-    mapped=True): in the file's dtype (a bf16 folder), and GPT-2's Conv1D weights as transposed
-    views, which a collective refuses. Each is made a contiguous tensor of the shard's dtype here,
-    one at a time: rank 0 holds one whole tensor at most beside the mapping. `device`: the run's,
-    where the collectives run (under cpu_offload the shards themselves sit in host memory)."""
+    What torch's set_model_state_dict(broadcast_from_rank0=True) lacked: it broadcasts each
+    tensor as it is given, and a finetune's base arrives mapped from its file (gpt.checkpoints.
+    loading, mapped=True), GPT-2's Conv1D weights as transposed views of it, which the other
+    processes then received in the order of the file's storage, not the view's (a GPT-2 folder's
+    sharded finetune was 0.0075 off one process's loss). Here each is made a contiguous tensor of
+    the shard's dtype (fp32; the file's may be bf16), one at a time: rank 0 holds one whole tensor
+    at most beside the mapping (a tied table is sent once); every other process allocates one for
+    the scatter's bookkeeping (untouched pages on a CPU, device memory on a GPU). `device`: the run's, where the collectives run (under
+    cpu_offload the shards themselves sit in host memory)."""
     rank0 = torch.distributed.get_rank() == 0
+    first: dict[int, str] = {}
+    tied = set()  # the names a tied weight has after its first (the LM head, tied to the embedding)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied.add(name)
+        first.setdefault(id(p), name)
     for name, shard in model.state_dict().items():
-        if not isinstance(shard, DTensor):  # (a fully sharded GPT has none; sent whole if it had)
-            value = whole[name].to(device, shard.dtype).contiguous() if rank0 else torch.empty_like(shard, device=device)
+        if name in tied:  # filled under its first name
+            continue
+        if rank0:  # one copy: to the device, the shard's dtype and contiguous at once (.to alone
+            # leaves a view of the right dtype as it is, hence .contiguous())
+            value = whole[name].to(device=device, dtype=shard.dtype, memory_format=torch.contiguous_format).contiguous()
+        else:  # its shape for the collective; its values are never read (nor, on a CPU, its pages touched)
+            value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
+        if isinstance(shard, DTensor):
+            cut = distribute_tensor(value, shard.device_mesh, shard.placements, src_data_rank=0)
+            shard.to_local().copy_(cut.to_local())
+            del cut
+        else:  # (a fully sharded GPT has none; sent whole if it had)
             torch.distributed.broadcast(value, src=0)
             shard.copy_(value)
-            continue
-        if rank0:
-            value = whole[name].to(device, shard.dtype).contiguous()
-        else:  # its shape for the scatter; its values are never read (nor, on a CPU, its pages touched)
-            value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
-        cut = distribute_tensor(value, shard.device_mesh, shard.placements, src_data_rank=0)
-        shard.to_local().copy_(cut.to_local())
-        del value, cut
+        del value
 
 
 def materialize(model: nn.Module, device: torch.device, offload: bool = False) -> None:
