@@ -191,3 +191,29 @@ def test_a_mapped_checkpoint_holds_its_files_pages(tmp_path):
     idx = torch.randint(0, 8, (2, 8))
     with torch.no_grad():
         assert torch.equal(loaded.model(idx)[0], model(idx)[0])
+
+
+def test_a_tied_weight_is_named_once_and_copied_once(monkeypatch):
+    """meta.tied_names: the LM head tied to the embedding, nothing in an untied model; adopt(copy=True)
+    makes one private copy of a tied table even when the file holds it as two tensors (torch.load's)."""
+    from gpt.model import meta
+
+    tied = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    untied = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8, tie_embeddings=False))
+    assert meta.tied_names(tied) == {"lm_head.weight": "transformer.wte.weight"} and meta.tied_names(untied) == {}
+    state = {k: v.clone() for k, v in tied.state_dict().items()}  # two tensor objects for the tie
+    made = []
+    real_to = torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        if kwargs.get("copy"):
+            made.append(self.shape)
+        return real_to(self, *args, **kwargs)
+
+    with torch.device("meta"):
+        model = GPT(tied.config)
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    meta.adopt(model, state, copy=True)
+    monkeypatch.undo()
+    assert len(made) == len(state) - 1 and model.lm_head.weight is model.transformer.wte.weight
+    assert model.transformer.wte.weight.data_ptr() != state["transformer.wte.weight"].data_ptr()

@@ -21,6 +21,18 @@ def _places(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
     return list(places.values())
 
 
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """{name: the parameter's first name} for each parameter reached under a second name (a tied
+    LM head: {"lm_head.weight": "transformer.wte.weight"})."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        first.setdefault(id(p), name)
+    return aliases
+
+
 def _retie(places: list[list[tuple[nn.Module, str]]]) -> None:
     for (first, name), *others in places:
         for module, other in others:
@@ -54,10 +66,7 @@ def adopt(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True,
         dtypes = {k: t.dtype for k, t in model.state_dict().items()}
         # a tied weight is copied once, under its first name: the others are re-tied to it below
         # (a file may hold it as two tensors: torch.load gives the tied keys one object each)
-        names: dict[int, list[str]] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(p), []).append(name)
-        alias = {other: first for first, *others in names.values() for other in others if first in state}
+        alias = {name: first for name, first in tied_names(model).items() if first in state}
         copies = {
             k: v.to(dtypes.get(k, v.dtype), copy=True, memory_format=torch.contiguous_format)
             for k, v in state.items()

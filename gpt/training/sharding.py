@@ -19,6 +19,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gpt.errors import TinyGPTError
+from gpt.model import meta
 from gpt.runtime import devices
 
 
@@ -63,12 +64,7 @@ def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> Non
     the scatter's bookkeeping (untouched pages on a CPU, device memory on a GPU). `device`: the run's, where the collectives run (under
     cpu_offload the shards themselves sit in host memory)."""
     rank0 = torch.distributed.get_rank() == 0
-    first: dict[int, str] = {}
-    tied = set()  # the names a tied weight has after its first (the LM head, tied to the embedding)
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            tied.add(name)
-        first.setdefault(id(p), name)
+    tied = meta.tied_names(model)  # the LM head tied to the embedding
     for name, shard in model.state_dict().items():
         if name in tied:  # filled under its first name
             continue
@@ -141,12 +137,8 @@ def whole_state_dict(model: nn.Module, keep: bool = True) -> dict | None:
     state = gathered(model.state_dict(), keep)
     if not keep:
         return None
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    for first, *others in names.values():
-        for name in others:
-            state[name] = state[first]
+    for name, first in meta.tied_names(model).items():
+        state[name] = state[first]
     return state
 
 
