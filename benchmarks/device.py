@@ -1,6 +1,6 @@
 """The first GPU run, measured in one go (benchmarks/device.sh runs this on the device machine):
 
-    python benchmarks/device.py --out DIR                        # the full run: at most 410 s of parts
+    python benchmarks/device.py --out DIR                        # the full run: at most 480 s of parts
     python benchmarks/device.py --out DIR --device cpu --smoke   # the plumbing, tiny sizes (~40 s on 2 cores)
 
 (a) cuda tests: `python -m pytest -m cuda` (the tests that need a GPU).
@@ -17,6 +17,11 @@
 (d) generation tokens/s of the 124M shape (random weights, bf16 autocast, sample.py's sampling
     defaults) at batch 1 and 8, with and without the KV cache; time to the first token; peak memory.
 (e) peak memory of each of the above, in one table.
+(f) distributed=fsdp on the GPU: the 124M shape for 20 steps in one process, then the same under
+    `torchrun --nproc_per_node=1` with distributed=fsdp (FSDP2's bf16 mixed precision over NCCL),
+    with cpu_offload=true, and with Muon; the losses side by side, ms/step and peak memory; then
+    sample.py on the FSDP run's sharded checkpoint. One GPU, so world size 1: the sharding code,
+    the mixed-precision policy, the offload and DCP on CUDA run; splitting over GPUs does not.
 
 Every part runs in its own process with a time cap (CAPS), none past --budget seconds from the
 start, so one that fails, runs out of memory or hangs is recorded and the next one runs. The report is
@@ -47,13 +52,22 @@ sys.path.insert(0, str(REPO))  # the device machine runs the checkout, uninstall
 BABY_TARGET = 1.47  # nanoGPT's baby GPT reaches val ~1.47 on one A100 (its README's figure)
 GIB = 2**30
 
-# Each part's time cap in seconds (full run), within a 410 s budget: with device.sh's set-up,
-# the parent's start and the grace a stopped part gets, the whole stays under 8 minutes. The
+# Each part's time cap in seconds (full run), within a 480 s budget: with device.sh's set-up,
+# the parent's start and the grace a stopped part gets, the whole stays under 9 minutes. The
 # parts run in order of importance: the CUDA tests, the compiled training steps (the first
-# compiles the 124M model cold; the second finds Inductor's caches warm), the baby GPT (stopped
+# compiles the 124M model cold; the second finds Inductor's caches warm), FSDP2 on the GPU (five
+# short processes, 30 s or less each), the baby GPT (stopped
 # at its target; it gets what is left but the generation's share), the generation, then the
 # eager training steps and the speedrun block as far as the time goes.
-CAPS = {"cuda_tests": 45, "compile_cold": 80, "compile_on": 55, "compile_off": 30, "baby_gpt": 160, "generation": 35}
+CAPS = {
+    "cuda_tests": 45,
+    "compile_cold": 80,
+    "compile_on": 55,
+    "compile_off": 30,
+    "fsdp": 150,
+    "baby_gpt": 160,
+    "generation": 35,
+}
 GRACE = {"timeout": 5, "baby_gpt": 15}  # seconds between SIGTERM and SIGKILL
 # The tiny shape of --smoke: every code path, seconds on a CPU.
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=2"]
@@ -394,6 +408,114 @@ def part_generation(report: Report, args, cap: float) -> None:
     report.part("generation", record)
 
 
+def fsdp_overrides(device: str, smoke: bool) -> list[str]:
+    """The 124M shape for 20 short steps (8 x 1024 tokens, no accumulation, eager: the part
+    checks FSDP2's code on CUDA, not its speed), an eval and a checkpoint at the end."""
+    out = [
+        "experiment=gpt2_124m",
+        "data=shakespeare_char",
+        "model.vocab_size=50257",
+        f"device={device}",
+        "compile=false",
+        "train.batch_size=8",
+        "train.grad_accum_steps=1",
+        "train.max_iters=20",
+        "train.eval_interval=20",
+        "train.eval_iters=2",
+        "train.log_interval=1",
+        "train.sample_tokens=0",
+        "train.eval_sample_tokens=0",
+    ]
+    if smoke:
+        out += [*TINY, "dtype=float32", "train.max_iters=3", "train.eval_interval=3"]
+    return out
+
+
+FSDP_RUNS = (  # (name, under torchrun, extra overrides)
+    ("one process", False, []),
+    ("fsdp", True, ["distributed=fsdp"]),
+    ("fsdp cpu_offload", True, ["distributed=fsdp", "cpu_offload=true"]),
+    ("fsdp muon", True, ["distributed=fsdp", "optim=muon"]),
+)
+
+
+def part_fsdp(report: Report, args, deadline: float) -> None:
+    """(f): each run in its own process; the losses of every step from its metrics.jsonl."""
+    base = fsdp_overrides(args.device, args.smoke)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    record = {"status": "ok", "common": "python train.py " + " ".join(base), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="tinygpt-fsdp-") as tmp:
+        for name, torchrun, extra in FSDP_RUNS:
+            cap = min(30.0 if not args.smoke else 90.0, deadline - time.monotonic())
+            launcher = "torchrun --standalone --nproc_per_node=1 train.py" if torchrun else "python train.py"
+            row = {"name": name, "command": f"{launcher} <common> {' '.join(extra)}".strip()}
+            if cap < 10:
+                row["status"] = "skipped: out of time"
+                record["runs"].append(row)
+                continue
+            run_dir = Path(tmp) / name.replace(" ", "-")
+            overrides = [*base, *extra, f"hydra.run.dir={run_dir}"]
+            argv = child_argv("train", "--peak", f"{run_dir}.peak", "--", *overrides)  # train.py's main and its peak memory
+            if torchrun:
+                argv = [*launch, *argv[1:]]
+            run = run_child(report, f"fsdp {name}", argv, cap)
+            rows = [json.loads(line) for line in _lines(run_dir / "metrics.jsonl")]
+            train = {r["step"]: r for r in rows if r.get("kind") == "train"}
+            evals = [r for r in rows if r.get("kind") == "eval"]
+            peak_file = Path(str(run_dir) + ".peak")
+            row.update(
+                losses={s: round(r["loss"], 4) for s, r in sorted(train.items())},
+                ms_per_step=_median([r.get("ms_per_step") for s, r in train.items() if s > 3]),
+                val=evals[-1].get("val") if evals else None,
+                peak_gib=json.loads(peak_file.read_text()).get("peak_gib") if peak_file.exists() else None,
+                seconds=run["seconds"],
+                rc=run["rc"],
+            )
+            row["status"] = "timeout" if run["timed_out"] else ("ok" if run["rc"] == 0 and train else "failed")
+            if row["status"] != "ok":
+                row["error"] = run["tail"][-800:]
+            if name == "fsdp" and row["status"] == "ok":
+                record["sample"] = _sample_fsdp(report, args, run_dir, deadline)
+            record["runs"].append(row)
+            report.part("fsdp", record)
+    ref = next((r for r in record["runs"] if r["name"] == "one process" and r.get("losses")), None)
+    for r in record["runs"]:  # against the one-process run where the optimizer is the same (AdamW)
+        same = "optim=muon" not in r["command"]
+        if ref and r is not ref and same and r.get("losses") and r["losses"].keys() == ref["losses"].keys():
+            r["max_loss_diff"] = max(abs(r["losses"][s] - ref["losses"][s]) for s in ref["losses"])
+    if not any(r.get("status") == "ok" for r in record["runs"]) or record.get("sample", {}).get("status") not in (None, "ok"):
+        record["status"] = "failed"
+    elif any(r.get("status") not in ("ok",) and not str(r.get("status")).startswith("skipped") for r in record["runs"]):
+        record["status"] = "failed"
+    report.part("fsdp", record)
+
+
+def _sample_fsdp(report: Report, args, run_dir: Path, deadline: float) -> dict:
+    """sample.py reads the FSDP run's sharded checkpoint (DCP) whole onto one device."""
+    shown = [f"device={args.device}", "num_samples=1", "max_new_tokens=16"]
+    cap = min(30.0 if not args.smoke else 60.0, deadline - time.monotonic())
+    if cap < 10:
+        return {"status": "skipped: out of time"}
+    env_argv = [sys.executable, str(REPO / "sample.py"), f"run_dir={run_dir}", *shown]
+    run = run_child(report, "fsdp sample", env_argv, cap)
+    out = {"command": "python sample.py run_dir=<the fsdp run> " + " ".join(shown), "seconds": run["seconds"], "rc": run["rc"]}
+    out["status"] = "timeout" if run["timed_out"] else ("ok" if run["rc"] == 0 else "failed")
+    out["tail"] = run["tail"][-400:]
+    return out
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip().startswith("{")]
+    except OSError:
+        return []
+
+
+def _median(values: list) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
+
+
 def part_peak_memory(report: Report) -> None:
     """(e): every part's peak memory in one place."""
     parts, rows = report.data["parts"], []
@@ -407,6 +529,8 @@ def part_peak_memory(report: Report) -> None:
                 "peak_gib": r.get("peak_gib"),
             }
         )
+    for r in parts.get("fsdp", {}).get("runs", []):
+        rows.append({"part": f"(f) {r['name']} (whole run)", "peak_gib": r.get("peak_gib")})
     measured = any(r["peak_gib"] is not None for r in rows)
     report.part(
         "peak_memory",
@@ -428,6 +552,7 @@ def parent(args) -> None:
 
     part_cuda_tests(report, args.smoke, min(CAPS["cuda_tests"] * scale, left()))
     part_throughput(report, args, deadline, "compiled")
+    part_fsdp(report, args, min(deadline, time.monotonic() + CAPS["fsdp"] * scale))
     if left() > 20:
         keep = CAPS["generation"] if left() > CAPS["generation"] + 60 else 0  # (d) still gets its turn
         part_baby(report, args, min(CAPS["baby_gpt"] * scale, left() - keep))
@@ -546,6 +671,30 @@ def markdown(d: dict) -> str:
         "|---|---|",
     ]
     lines += [f"| {r['part']} | {_f(r.get('peak_gib'), '{:.2f}')} |" for r in e.get("rows", [])]
+    f = parts.get("fsdp", {})
+    lines += ["", "## (f) FSDP2 on the GPU, world size 1", "", f"**{f.get('status', 'not run')}**", ""]
+    if f.get("common"):
+        lines += [f"<common>: `{f['common']}`", ""]
+    lines += [
+        "| run | status | loss at step 1 | loss at the last step | max loss diff vs one process | val | ms/step | peak GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in f.get("runs", []):
+        losses = list((r.get("losses") or {}).values())
+        lines.append(
+            f"| {r['name']} | {r['status']} | {_f(losses[0] if losses else None, '{:.4f}')} | "
+            f"{_f(losses[-1] if losses else None, '{:.4f}')} | {_f(r.get('max_loss_diff'), '{:.4f}')} | "
+            f"{_f(r.get('val'), '{:.4f}')} | {_f(r.get('ms_per_step'), '{:.1f}')} | {_f(r.get('peak_gib'), '{:.2f}')} |"
+        )
+    lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in f.get("runs", [])]
+    if f.get("sample"):
+        sample = f["sample"]
+        lines += ["", f"Sampling the FSDP run's sharded checkpoint: `{sample.get('command', '')}`: **{sample['status']}**"]
+        if sample.get("tail"):
+            lines += ["", "    " + _last_line(sample["tail"])]
+    errors = [f"- {r['name']} ({r['status']}): `{_last_line(r['error'])}`" for r in f.get("runs", []) if r.get("error")]
+    if errors:
+        lines += ["", *errors]
     failed = [(k, v) for k, v in parts.items() if str(v.get("status", "")).startswith(("failed", "timeout"))]
     lines += ["", "## Failures", ""] + ([f"- {k}: {v['status']}" for k, v in failed] or ["none"])
     return "\n".join(lines) + "\n"
@@ -757,14 +906,14 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for device_report.md / .json and device_log.txt")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a couple of steps: the plumbing")
-    ap.add_argument("--budget", type=float, default=None, help="seconds for all parts (default 410; smoke 240)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for all parts (default 480; smoke 300)")
     ap.add_argument("--warmup", type=int, default=None, help="training steps before timing (default 5; smoke 1)")
     ap.add_argument("--steps", type=int, default=None, help="timed training steps (default 30; smoke 2)")
     ap.add_argument("--accum", type=int, default=None, help="micro-batches a timed step (default 4; smoke 1)")
     ap.add_argument("--baby-target", type=float, default=None, help=f"val loss for (c) (default {BABY_TARGET}; smoke 10)")
     args = ap.parse_args()
-    full = {"budget": 410.0, "warmup": 5, "steps": 30, "accum": 4, "baby_target": BABY_TARGET}
-    smoke = {"budget": 240.0, "warmup": 1, "steps": 2, "accum": 1, "baby_target": 10.0}
+    full = {"budget": 480.0, "warmup": 5, "steps": 30, "accum": 4, "baby_target": BABY_TARGET}
+    smoke = {"budget": 300.0, "warmup": 1, "steps": 2, "accum": 1, "baby_target": 10.0}
     for k, v in (smoke if args.smoke else full).items():
         if getattr(args, k) is None:
             setattr(args, k, v)

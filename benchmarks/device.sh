@@ -2,7 +2,7 @@
 # The first GPU run in one script: CUDA tests, the 124M shape's training tokens/s and MFU (AdamW
 # and Muon, compile on and off), the baby GPT's time to val 1.47, generation tokens/s with and
 # without the KV cache, and the peak memory of each; one report. The parts and their time caps
-# are benchmarks/device.py's; the whole fits in 8 minutes on one H200 (~7.5 min of parts).
+# are benchmarks/device.py's; the whole fits in 9 minutes on one H200 (8 min of parts).
 #
 #   bash benchmarks/device.sh prepare              # here, once, with PyPI: fills .carry/ (ignored by git)
 #   bash benchmarks/device.sh                      # there: the device tool's run, carry [".carry"]

@@ -24,6 +24,7 @@ SECTIONS = (
     "## (c) Baby GPT to val",
     "## (d) Generation",
     "## (e) Peak memory",
+    "## (f) FSDP2 on the GPU, world size 1",
     "## Failures",
 )
 
@@ -57,7 +58,7 @@ def test_smoke_mode_writes_every_section(tmp_path):
     report = json.loads((out / "device_report.json").read_text())
     assert report["mode"] == "smoke" and report["device"] == "cpu"
     parts = report["parts"]
-    assert set(parts) == {"cuda_tests", "throughput", "baby_gpt", "generation", "peak_memory"}
+    assert set(parts) == {"cuda_tests", "throughput", "fsdp", "baby_gpt", "generation", "peak_memory"}
     assert parts["cuda_tests"]["command"].startswith("python -m pytest -m cuda") and parts["cuda_tests"]["status"]
 
     runs = {r["name"]: r for r in parts["throughput"]["runs"]}
@@ -84,5 +85,13 @@ def test_smoke_mode_writes_every_section(tmp_path):
     assert gen["status"] == "ok", gen.get("error")
     assert {(r["batch"], r["kv_cache"]) for r in gen["runs"]} == {(1, True), (1, False), (8, True), (8, False)}
     assert all(r["tokens_per_s"] > 0 for r in gen["runs"])
+
+    fsdp = parts["fsdp"]
+    assert fsdp["status"] == "ok", json.dumps(fsdp, indent=1)[-3000:]
+    assert [r["name"] for r in fsdp["runs"]] == ["one process", "fsdp", "fsdp cpu_offload", "fsdp muon"]
+    assert all(r["status"] == "ok" and len(r["losses"]) == 3 and r["val"] is not None for r in fsdp["runs"])
+    # fp32 on a CPU at world size 1: FSDP2's step is the one-process step
+    assert all(r["max_loss_diff"] < 1e-3 for r in fsdp["runs"][1:3]), [r["max_loss_diff"] for r in fsdp["runs"]]
+    assert fsdp["sample"]["status"] == "ok", fsdp["sample"]
 
     assert all(row["peak_gib"] for row in parts["peak_memory"]["rows"] if "compile=true" not in row["part"])
