@@ -68,6 +68,7 @@ CAPS = {
     "baby_gpt": 160,
     "generation": 35,
 }
+PARTS = ("cuda_tests", "throughput", "fsdp", "baby_gpt", "generation")  # --parts: a rerun of some
 GRACE = {"timeout": 5, "baby_gpt": 15}  # seconds between SIGTERM and SIGKILL
 # The tiny shape of --smoke: every code path, seconds on a CPU.
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=2"]
@@ -443,7 +444,14 @@ def part_fsdp(report: Report, args, deadline: float) -> None:
     """(f): each run in its own process; the losses of every step from its metrics.jsonl."""
     base = fsdp_overrides(args.device, args.smoke)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
-    record = {"status": "ok", "common": "python train.py " + " ".join(base), "runs": []}
+    record = {
+        "status": "ok",
+        "common": "python train.py " + " ".join(base),
+        "runs": [],
+        "note": "torchrun with one process trains whole (its notice says so): these runs check the launch, the losses "
+        "and sampling the run's checkpoint; the sharding itself runs on one GPU in the CUDA tests "
+        "(test_fsdp2_on_one_gpu_trains_as_the_whole_model_with_and_without_cpu_offload)",
+    }
     with tempfile.TemporaryDirectory(prefix="tinygpt-fsdp-") as tmp:
         for name, torchrun, extra in FSDP_RUNS:
             cap = min(30.0 if not args.smoke else 90.0, deadline - time.monotonic())
@@ -550,20 +558,33 @@ def parent(args) -> None:
     scale = 1.0 if not args.smoke else 2.0  # a CPU's tiny runs mostly wait on imports
     left = lambda: deadline - time.monotonic()  # noqa: E731
 
-    part_cuda_tests(report, args.smoke, min(CAPS["cuda_tests"] * scale, left()))
-    part_throughput(report, args, deadline, "compiled")
-    part_fsdp(report, args, min(deadline, time.monotonic() + CAPS["fsdp"] * scale))
-    if left() > 20:
+    wanted = set(args.parts.split(",")) if args.parts else set(PARTS)
+    if not wanted <= set(PARTS):
+        sys.exit(f"--parts takes some of {','.join(PARTS)}; got {args.parts}")
+    for name in set(PARTS) - wanted:  # a rerun of some parts: the others are said to be left out
+        report.data["parts"][name] = {"status": "skipped: not in --parts", "command": "", "runs": []}
+    if "cuda_tests" in wanted:
+        part_cuda_tests(report, args.smoke, min(CAPS["cuda_tests"] * scale, left()))
+    if "throughput" in wanted:
+        part_throughput(report, args, deadline, "compiled")
+    if "fsdp" in wanted:
+        part_fsdp(report, args, min(deadline, time.monotonic() + CAPS["fsdp"] * scale))
+    if "baby_gpt" not in wanted:
+        pass
+    elif left() > 20:
         keep = CAPS["generation"] if left() > CAPS["generation"] + 60 else 0  # (d) still gets its turn
         part_baby(report, args, min(CAPS["baby_gpt"] * scale, left() - keep))
     else:
         report.part("baby_gpt", {"status": "skipped: out of time", "command": ""})
-    if left() > 15:
+    if "generation" not in wanted:
+        pass
+    elif left() > 15:
         part_generation(report, args, min(CAPS["generation"] * scale, left()))
     else:
         report.part("generation", {"status": "skipped: out of time", "command": "", "runs": []})
-    part_throughput(report, args, deadline, "eager")
-    part_throughput(report, args, deadline, "extra")
+    if "throughput" in wanted:
+        part_throughput(report, args, deadline, "eager")
+        part_throughput(report, args, deadline, "extra")
     part_peak_memory(report)
     report.log.close()
     print(f"report: {out / 'device_report.md'} ({report.data['seconds']} s)")
@@ -673,6 +694,8 @@ def markdown(d: dict) -> str:
     lines += [f"| {r['part']} | {_f(r.get('peak_gib'), '{:.2f}')} |" for r in e.get("rows", [])]
     f = parts.get("fsdp", {})
     lines += ["", "## (f) FSDP2 on the GPU, world size 1", "", f"**{f.get('status', 'not run')}**", ""]
+    if f.get("note"):
+        lines += [f"{f['note']}.", ""]
     if f.get("common"):
         lines += [f"<common>: `{f['common']}`", ""]
     lines += [
@@ -803,19 +826,19 @@ def child_generate(a) -> None:
             for cache in (True, False):
                 settings = SamplingSettings(max_new_tokens=new, kv_cache=cache)  # sample.py's sampling defaults
                 warm = Decoder(model, ids, settings, seeds=list(range(batch)))
-                for _ in range(4):  # kernels, allocator
-                    warm.step()
+                warm.steps(4)  # kernels, allocator
                 del warm
                 sync()
                 if rt.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(rt.device)
                 decoder = Decoder(model, ids, settings, seeds=list(range(batch)))
                 t0 = time.perf_counter()
-                decoder.step()
+                decoder.steps(1)  # as generate() decodes: the tokens read back a few steps at a time
                 sync()
                 first = time.perf_counter() - t0
-                for _ in range(new - 1):
-                    decoder.step()
+                for _ in range((new - 1) // 8):
+                    decoder.steps(8)
+                decoder.steps((new - 1) % 8)
                 sync()
                 total = time.perf_counter() - t0
                 runs.append(
@@ -910,6 +933,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None, help="training steps before timing (default 5; smoke 1)")
     ap.add_argument("--steps", type=int, default=None, help="timed training steps (default 30; smoke 2)")
     ap.add_argument("--accum", type=int, default=None, help="micro-batches a timed step (default 4; smoke 1)")
+    ap.add_argument("--parts", default=None, help=f"run only these, comma-separated (default all: {','.join(PARTS)})")
     ap.add_argument("--baby-target", type=float, default=None, help=f"val loss for (c) (default {BABY_TARGET}; smoke 10)")
     args = ap.parse_args()
     full = {"budget": 480.0, "warmup": 5, "steps": 30, "accum": 4, "baby_target": BABY_TARGET}

@@ -7,6 +7,7 @@
 #   bash benchmarks/device.sh prepare              # here, once, with PyPI: fills .carry/ (ignored by git)
 #   bash benchmarks/device.sh                      # there: the device tool's run, carry [".carry"]
 #   DEVICE=cpu SMOKE=1 bash benchmarks/device.sh   # anywhere: the plumbing, tiny sizes (~1 min on 2 cores)
+#   PARTS=cuda_tests,generation bash benchmarks/device.sh   # a rerun of some parts (benchmarks/device.py --parts)
 #
 # The device machine reaches no network and its image lacks hydra-core, omegaconf,
 # antlr4-python3-runtime and datasets (and datasets' dill and multiprocess): `prepare` downloads
@@ -37,7 +38,10 @@ if [ "${1:-run}" = prepare ]; then
     pins=()
     for p in $PACKAGES; do  # this environment's versions: the ones the tests ran with
         v=$($PY -c "import importlib.metadata as m; print(m.version('$p'))" 2>/dev/null || true)
-        pins+=("$p${v:+==$v}")
+        # unpinned, pip would take the newest of each, which need not fit together (hydra-core
+        # 1.3 with antlr4 4.13 fails at import: "Could not deserialize ATN with version 3")
+        [ -n "$v" ] || { echo "error: $p is not installed for $PY; run prepare with the project's environment (PYTHON=path/to/venv/bin/python)" >&2; exit 1; }
+        pins+=("$p==$v")
     done
     rm -f "$CARRY"/wheels/*.whl
     binary=()
@@ -103,6 +107,7 @@ DEVICE_SETUP=$(printf "%s; " "${SETUP[@]}")
 export DEVICE_SETUP=${DEVICE_SETUP%; }
 args=(--out "$OUT" --device "${DEVICE:-cuda}")
 [ "${SMOKE:-0}" = 1 ] && args+=(--smoke)
+[ -n "${PARTS:-}" ] && args+=(--parts "$PARTS")  # a rerun of some parts, e.g. PARTS=cuda_tests,generation
 $PY benchmarks/device.py "${args[@]}"
 rc=$?
 cat "$OUT/device_report.md" 2>/dev/null | head -60

@@ -308,7 +308,12 @@ def test_a_training_step_skips_a_non_finite_update_without_a_host_sync():
 
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     run = SimpleNamespace(
-        scaler=scaler, optimizer=optimizer, rt=rt, dist=SimpleNamespace(enabled=False), progress=SimpleNamespace(step=0)
+        model=model,
+        scaler=scaler,
+        optimizer=optimizer,
+        rt=rt,
+        dist=SimpleNamespace(enabled=False),
+        progress=SimpleNamespace(step=0),
     )
     guard = Guard()
     before = [p.detach().clone() for p in model.parameters()]
@@ -322,6 +327,52 @@ def test_a_training_step_skips_a_non_finite_update_without_a_host_sync():
         torch.cuda.set_sync_debug_mode("default")
     assert guard.pending[0][1].item() == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _fsdp2_losses(shard: bool, offload: bool, steps: int = 6) -> tuple[list[float], set[str]]:
+    """`steps` AdamW steps of a tiny GPT under bf16 autocast, as the trainer computes them, sharded
+    by sharding.shard (FSDP2's bf16 mixed precision on CUDA) or whole; the losses, and the devices
+    the parameters (their local shards) live on."""
+    from gpt.runtime import devices
+    from gpt.training import sharding
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(ALPHABET), block_size=32, n_layer=2, n_head=2, n_embd=32))
+    model = model if offload else model.to(CUDA)
+    if shard:
+        model = sharding.shard(model, devices.Runtime(CUDA, torch.bfloat16, compile=False), offload)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = torch.randint(0, len(ALPHABET), (4, 32), generator=torch.Generator().manual_seed(1)).to(CUDA)
+    losses = []
+    for _ in range(steps):
+        with bf16_autocast():
+            _, loss = model(x, x.roll(-1, dims=1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, {sharding.local(p).device.type for p in model.parameters()}
+
+
+def test_fsdp2_on_one_gpu_trains_as_the_whole_model_with_and_without_cpu_offload(tmp_path):
+    """gpt.training.sharding on CUDA (NCCL for the GPU's tensors, gloo for the host's, as
+    distributed.init sets up for cpu_offload, at world size 1): bf16 mixed precision gathers bf16
+    weights and reduces fp32 gradients, and the fp32 shards step as the whole model's weights do,
+    within bf16's rounding (FSDP2 also runs the norms in bf16, autocast in fp32); with offload
+    the shards live in host memory and the optimizer steps them there, as FSDP2 without it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("cuda:nccl,cpu:gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        whole, on_whole = _fsdp2_losses(shard=False, offload=False)
+        sharded, on_gpu = _fsdp2_losses(shard=True, offload=False)
+        offloaded, on_host = _fsdp2_losses(shard=True, offload=True)
+    finally:
+        dist.destroy_process_group()
+    assert on_whole == on_gpu == {"cuda"} and on_host == {"cpu"}
+    assert whole[-1] < whole[0] - 0.2, whole  # it learns: the comparison below is not of constants
+    assert max(abs(a - b) for a, b in zip(whole, sharded)) < 0.05, (whole, sharded)
+    assert max(abs(a - b) for a, b in zip(sharded, offloaded)) < 1e-3, (sharded, offloaded)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="distributed Muon on NCCL needs two GPUs")

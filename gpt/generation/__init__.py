@@ -28,13 +28,14 @@ import torch
 
 from gpt.config import SamplingSettings
 from gpt.generation.compiled import compile_for_generation
-from gpt.generation.decoder import Decoder
+from gpt.generation.decoder import Decoder, decode_kernels
 from gpt.generation.sampling import draw, filter_logits, keep_typical, next_tokens, not_finite, penalize_repeats
 from gpt.generation.text import TextStream, decode_safe, encode_prompt, stop_ids
 from gpt.model import GPT
 
 __all__ = [
     "Decoder",
+    "decode_kernels",
     "TextStream",
     "compile_for_generation",
     "decode_safe",

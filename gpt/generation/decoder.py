@@ -3,10 +3,12 @@ for recurrent models, their carried state)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt.config import SamplingSettings
 from gpt.generation.sampling import next_tokens, not_finite
@@ -129,7 +131,8 @@ class Decoder:
     def _advance(self, vocab_limit: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One step, all on the device: the next tokens (B,), and whether each row's
         probabilities were finite (B,) bool (None when decoding greedily: no probabilities)."""
-        logits = self._next_logits()
+        with decode_kernels(self.device):
+            logits = self._next_logits()
         if vocab_limit is not None and vocab_limit < logits.size(-1):
             # A model may have more output ids than its tokenizer (padded vocab): never pick those.
             logits[:, vocab_limit:] = float("-inf")
@@ -143,6 +146,20 @@ class Decoder:
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
         self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
         return next_ids, finite
+
+
+# The attention kernels a decode step may use on CUDA: all of torch's but cuDNN's. Each step
+# attends over one more key than the last, and cuDNN's attention builds an execution plan for each
+# new shape (as MLX's and FlashInfer's cuDNN paths found), so it would pay that at every token.
+# benchmarks/decode_kernels.py measures each choice; None leaves torch's own order.
+DECODE_KERNELS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """The SDPA kernel choice for a decode step on `device` (see DECODE_KERNELS)."""
+    if device.type != "cuda" or DECODE_KERNELS is None:
+        return contextlib.nullcontext()
+    return sdpa_kernel(DECODE_KERNELS)
 
 
 def _fresh(columns: torch.Tensor) -> torch.Tensor:

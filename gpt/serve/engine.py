@@ -28,7 +28,7 @@ import torch
 
 from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
-from gpt.generation import TextStream, next_tokens
+from gpt.generation import TextStream, decode_kernels, next_tokens
 from gpt.model import GPT
 from gpt.model.cache import KVCache
 
@@ -176,7 +176,8 @@ class Engine:
 
     def _guarded_step(self) -> None:
         try:
-            self._step()
+            with decode_kernels(self.device):  # the attention kernels decode steps use (see there)
+                self._step()
         except Exception:
             # Not the client's doing: the server log gets the traceback, each client one line.
             logger.exception("generation failed; the jobs in the batch are ended with an error")
