@@ -144,14 +144,19 @@ class Decoder:
             dist.broadcast(shared, src=0)
             next_ids, finite = shared[0], (shared[1].bool() if finite is not None else None)
         self.tokens = torch.cat([self.tokens, next_ids[:, None]], dim=1)
-        self.seen[torch.arange(len(next_ids), device=self.device), next_ids] = True
+        if self.cfg.repetition_penalty != 1.0:  # `seen`'s one reader
+            # scatter_, not an indexed assignment: on CUDA that made the host wait for the device
+            # at every token (found by benchmarks/decode_kernels.py on an H200)
+            self.seen.scatter_(1, next_ids[:, None], True)
         return next_ids, finite
 
 
-# The attention kernels a decode step may use on CUDA: all of torch's but cuDNN's. Each step
-# attends over one more key than the last, and cuDNN's attention builds an execution plan for each
-# new shape (as MLX's and FlashInfer's cuDNN paths found), so it would pay that at every token.
-# benchmarks/decode_kernels.py measures each choice; None leaves torch's own order.
+# The attention kernels a decode step may use on CUDA, named rather than left to torch's own
+# choice. Each step attends over one more key than the last, and with torch's default choice every
+# new key length cost ~37 ms once (torch 2.11 on an H200, 2026-12-04: 42 ms a token at batch 1
+# against 5.3 ms with these three named; cuDNN's alone, or the efficient kernel's alone, ran at
+# 5.1 ms). What torch's default did differently was not found. benchmarks/decode_kernels.py
+# measures each choice; None leaves torch's own.
 DECODE_KERNELS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
