@@ -487,3 +487,54 @@ def test_compiled_cpu_decoding_with_inductor_equals_eager(fresh_dynamo, monkeypa
         torch.equal(_tokens(model, p, True, n=10), e) for p, e in zip(([[1, 2, 3]], [[1, 2, 3], [4, 5, 6]]), eager, strict=True)
     )
     assert max(counts) == 4 * 2 + 1  # inductor compiled the rewritten one-token step
+
+
+def test_a_decode_step_writes_no_indexed_assignment_and_tracks_seen_tokens_only_for_the_penalty():
+    """An indexed assignment (aten.index_put_) makes the host wait for a CUDA device (it was one
+    wait a token on an H200); the seen-table it updated is read by the repetition penalty only.
+    So a decode step never calls it, and the table follows the text exactly when a penalty is set."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = _model()
+    for penalty in (1.0, 1.3):
+        cfg = SamplingSettings(max_new_tokens=6, temperature=1.0, repetition_penalty=penalty)
+        dec = Decoder(model, [[1, 2, 3], [4]], cfg, seeds=[0, 1])
+        calls.clear()
+        with Record():
+            dec.steps(6)
+        assert calls and not [c for c in calls if "index_put" in c], calls
+        rows = dec.tokens.tolist()
+        if penalty == 1.0:
+            assert not dec.seen.any()
+        else:  # the prompt (padding excluded) and every token chosen since
+            want = [set(rows[0]), set(rows[1][dec.pad_list[1] :])]
+            assert [set(r.nonzero().flatten().tolist()) for r in dec.seen] == want
+
+
+def test_decode_steps_name_their_attention_kernels_on_cuda(monkeypatch):
+    """gpt.generation.decoder.DECODE_KERNELS: on CUDA a decode step runs with flash, efficient and
+    math attention named (torch's own choice cost ~37 ms at each new key length on an H200); on
+    other devices nothing is changed. torch's flags are global, so this is checked without a GPU."""
+    from gpt.generation import decoder as decoding
+
+    before = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled())
+    with decoding.decode_kernels(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()) == before
+    with decoding.decode_kernels(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before[0]
+
+    entered: list[str] = []
+    real = decoding.decode_kernels
+    monkeypatch.setattr(decoding, "decode_kernels", lambda device: entered.append(device.type) or real(device))
+    Decoder(_model(), [[1, 2]], SamplingSettings(max_new_tokens=3), seeds=[0]).steps(3)
+    assert entered == ["cpu"] * 3  # every step asks, with its device

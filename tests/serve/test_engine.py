@@ -171,3 +171,21 @@ def test_weights_are_cast_once_while_the_engine_is_busy_not_at_every_step():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = generate(model, tok, ["ROMEO:", "KING:"], SamplingSettings(max_new_tokens=20, temperature=0.0))
     assert got.texts == [texts[0] for texts in want]
+
+
+def test_every_engine_step_runs_under_the_decoders_attention_kernels(monkeypatch):
+    """The serving engine's steps (prefill and decode) ask gpt.generation's decode_kernels, as the
+    Decoder's do (on CUDA, torch's own kernel choice cost ~37 ms at each new key length)."""
+    import gpt.serve.engine as engine_module
+    from gpt.generation import decode_kernels
+
+    entered: list[str] = []
+    monkeypatch.setattr(engine_module, "decode_kernels", lambda device: entered.append(device.type) or decode_kernels(device))
+    model, tok = _model(), CharTokenizer(list(ALPHABET))
+    engine = Engine(model, tok, max_batch=2)
+    try:
+        job, got = _job(tok, ["ROMEO:"], max_new_tokens=5)
+        assert engine.submit(job) and got.done.wait(10)
+    finally:
+        engine.close()
+    assert len(entered) >= 5 and set(entered) == {"cpu"}  # one a step: the prompt's and each token's
