@@ -448,8 +448,8 @@ def part_fsdp(report: Report, args, deadline: float) -> None:
         "status": "ok",
         "common": "python train.py " + " ".join(base),
         "runs": [],
-        "note": "torchrun with one process trains whole (its notice says so): these runs check the launch, the losses "
-        "and sampling the run's checkpoint; the sharding itself runs on one GPU in the CUDA tests "
+        "note": "torchrun with one process shards over a group of one (FSDP2's mixed precision and, with cpu_offload, "
+        "its offload on one GPU); the CUDA tests shard a tiny model the same way "
         "(test_fsdp2_on_one_gpu_trains_as_the_whole_model_with_and_without_cpu_offload)",
     }
     with tempfile.TemporaryDirectory(prefix="tinygpt-fsdp-") as tmp:

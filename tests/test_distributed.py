@@ -165,24 +165,27 @@ def test_process_placement_from_torchrun_or_slurm(monkeypatch):
         *("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID"),
     ):
         monkeypatch.delenv(var, raising=False)
-    assert distributed.from_env() == distributed.Dist(0, 0, 1, 1)
+    assert distributed.from_env() == distributed.Dist(0, 0, 1, 1, launched=False)
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 1)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 1, launched=True)
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")  # set only with --ntasks-per-node
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 4)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 4, launched=True)
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3(x2),2")  # always set: nodes 0 and 1 run 3 tasks, node 2 runs 2
     monkeypatch.setenv("SLURM_NODEID", "1")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 3)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 3, launched=True)
     monkeypatch.setenv("SLURM_NODEID", "2")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 2)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 2, launched=True)
     monkeypatch.setenv("RANK", "3")  # torchrun inside a SLURM allocation: torchrun's view wins
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert distributed.from_env() == distributed.Dist(3, 3, 4, 4)  # no LOCAL_WORLD_SIZE: one node
+    assert distributed.from_env() == distributed.Dist(3, 3, 4, 4, launched=True)  # no LOCAL_WORLD_SIZE: one node
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert distributed.from_env() == distributed.Dist(3, 3, 4, 2)
+    assert distributed.from_env() == distributed.Dist(3, 3, 4, 2, launched=True)
+    for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        monkeypatch.setenv(var, value)  # torchrun --nproc_per_node=1: a group of one can meet (FSDP2 shards over it)
+    assert distributed.from_env() == distributed.Dist(0, 0, 1, 1, launched=True) and not distributed.from_env().enabled
 
 
 @pytest.mark.slow

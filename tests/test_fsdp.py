@@ -175,6 +175,30 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
     assert torch.load(tmp_path / "two" / "checkpoints" / runs.BEST, weights_only=True)["format"] == 3  # weights, whole
 
 
+@pytest.mark.slow
+def test_torchrun_with_one_process_shards_over_it_with_cpu_offload(tmp_path, data_root):
+    """`torchrun --nproc_per_node=1 train.py distributed=fsdp cpu_offload=true` shards over a
+    group of one (on one GPU, FSDP2's CPU offload is what fits a larger model): it says so, its
+    losses equal a plain one-process run's within 1e-5 (fp32), its checkpoint is sharded by one
+    process, and sample.py reads it."""
+    root, data = data_root
+    args = [*data, *SHAPES["gpt2-block"], "optim=adamw", *EXACT, "train.max_iters=10", "train.eval_interval=10"]
+    args += ["train.eval_iters=2", "train.log_interval=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    one = run_script("train.py", [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    fsdp = ["distributed=fsdp", "cpu_offload=true", f"hydra.run.dir={tmp_path / 'alone'}"]
+    alone = _torchrun(1, [*args, *fsdp], tmp_path, root)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "FSDP2 with CPU offload over 1 process" in alone.stdout and "notice: distributed=fsdp" not in alone.stdout
+    assert len(_losses(tmp_path / "alone")) == 10
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "alone", "train"), "loss") <= 1e-5
+    _assert_sharded_by(1, runs.latest(tmp_path / "alone"))
+    sampled = run_script(
+        "sample.py", [f"ckpt={runs.latest(tmp_path / 'alone')}", "num_samples=1", "max_new_tokens=8"], tmp_path, root
+    )
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+
+
 def _assert_sharded_by(n: int, path) -> None:
     """The step checkpoint at `path` is sharded (format 4): its folder holds one file per process,
     each its own part (none near the whole), as DCP names them, and nothing of a temporary."""

@@ -23,6 +23,7 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1  # processes on this node
+    launched: bool = False  # started by torchrun or SLURM, so a process group can meet (even alone)
 
     @property
     def enabled(self) -> bool:
@@ -39,9 +40,14 @@ def from_env() -> Dist:
     env = os.environ
     if "RANK" in env or "SLURM_NTASKS" not in env:
         size = int(env.get("WORLD_SIZE", 1))
-        return Dist(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), size, int(env.get("LOCAL_WORLD_SIZE", size)))
+        rank, local_rank, per_node = (
+            int(env.get("RANK", 0)),
+            int(env.get("LOCAL_RANK", 0)),
+            int(env.get("LOCAL_WORLD_SIZE", size)),
+        )
+        return Dist(rank, local_rank, size, per_node, launched="RANK" in env)
     per_node = _slurm_tasks_on_this_node(env)
-    return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), per_node)
+    return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), per_node, True)
 
 
 def _slurm_tasks_on_this_node(env) -> int:
@@ -73,10 +79,12 @@ PREPARATION_TIMEOUT = timedelta(days=2)
 _patient_group = None
 
 
-def init(d: Dist, device: torch.device, host_tensors: bool = False) -> None:
+def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool = False) -> None:
     """`host_tensors`: collectives on CPU tensors too, beside a GPU's (FSDP2's CPU offload keeps the
-    shards, their gradients and the optimizer in host memory): gloo for those, NCCL for the GPU's."""
-    if not d.enabled or dist.is_initialized():
+    shards, their gradients and the optimizer in host memory): gloo for those, NCCL for the GPU's.
+    `alone`: a group of one process too, when the launcher started one (FSDP2 shards over a group,
+    and on one GPU its CPU offload is what lets a larger model train)."""
+    if not (d.enabled or (alone and d.launched)) or dist.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ:
         raise TinyGPTError(

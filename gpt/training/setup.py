@@ -51,18 +51,21 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         preflight(cfg)
     local_rank = dist.local_rank if dist.enabled else None
     rt = devices.setup(cfg.device, cfg.dtype, cfg.compile, local_rank, cfg.threads, dist.local_world_size, training=True)
-    distributed.init(dist, rt.device, host_tensors=cfg.cpu_offload)
+    # FSDP2 under torchrun shards over its processes, one included (its offload then fits a larger model on one GPU)
+    sharded = cfg.distributed == "fsdp" and dist.launched
+    distributed.init(dist, rt.device, host_tensors=cfg.cpu_offload, alone=sharded)
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(runs.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg = replace(cfg, paths=replace(cfg.paths, output_dir=str(out_dir), data_dir=str(cfg.paths.data_root())))  # as used
     source = _resume_source(cfg, out_dir, dist, log, claim.point if claim is not None else None)
-    sharded = cfg.distributed == "fsdp" and dist.enabled
     how = f"FSDP2{' with CPU offload' if cfg.cpu_offload else ''}" if sharded else "DDP"
-    log(rt.describe() + (f"; {how} over {dist.world_size} processes" if dist.enabled else ""))
-    if cfg.distributed == "fsdp" and not dist.enabled:
+    processes = f"{dist.world_size} process{'es' if dist.world_size > 1 else ''}"
+    log(rt.describe() + (f"; {how} over {processes}" if dist.enabled or sharded else ""))
+    if cfg.distributed == "fsdp" and not sharded:
         off = ", on its device (cpu_offload applies to shards)" if cfg.cpu_offload else ""
         log(
-            f"notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains whole{off}"
+            "notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains "
+            f"whole{off} (torchrun --nproc_per_node=1 shards it over one)"
         )
     # Per-rank seeds: no shared dropout masks (the data stream's own generator: RandomWindows).
     devices.seed_everything(cfg.seed + dist.rank)
