@@ -7,7 +7,9 @@
 (b) training throughput of the 124M shape through the real training step (build_run ->
     Trainer.step: forward, backward, clip, update, the non-finite guard) with
     experiment=gpt2_124m's settings (bf16, micro-batch 16 x 1024), AdamW and Muon, compile on
-    and off, after warm-up steps; then experiment=speedrun_124m's block if time is left.
+    and off, after warm-up steps; then, if time is left, the AdamW run compiled with the loss over
+    all logits at once (GPT.LOSS_CHUNK_ELEMENTS raised: an A/B of the chunked loss) and
+    experiment=speedrun_124m's block.
     Tiny Shakespeare's characters stand in for FineWeb-Edu (speed does not depend on the text;
     model.vocab_size=50257 keeps GPT-2's LM head). tokens/s, MFU against the peak in
     gpt/runtime/devices.py, peak memory (torch.cuda.max_memory_allocated).
@@ -58,7 +60,7 @@ GIB = 2**30
 # compiles the 124M model cold; the second finds Inductor's caches warm), FSDP2 on the GPU (five
 # short processes, 30 s or less each), the baby GPT (stopped
 # at its target; it gets what is left but the generation's share), the generation, then the
-# eager training steps and the speedrun block as far as the time goes.
+# eager training steps, the unchunked-loss run and the speedrun block as far as the time goes.
 CAPS = {
     "cuda_tests": 45,
     "compile_cold": 80,
@@ -266,12 +268,16 @@ def throughput_configs(smoke: bool) -> list[dict]:
         {"recipe": "gpt2_124m", "optim": "muon", "compile": "true", "turn": "compiled"},
         {"recipe": "gpt2_124m", "optim": "adamw", "compile": "false", "turn": "eager"},
         {"recipe": "gpt2_124m", "optim": "muon", "compile": "false", "turn": "eager"},
+        # the loss over the whole (16 x 1024, 50304) logits at once, not in recomputed chunks
+        # (GPT.LOSS_CHUNK_ELEMENTS, sized for memory: is its ~9% more compute worth it on a GPU?)
+        {"recipe": "gpt2_124m", "optim": "adamw", "compile": "true", "turn": "extra", "loss_chunks": "off"},
         {"recipe": "speedrun_124m", "optim": "muon", "compile": "true", "turn": "extra"},
     ]
     if smoke:  # compiling on a CPU takes minutes: the smoke run checks the plumbing of the rest
         for c in configs[:2]:
             c["skip"] = "smoke: compile=true is left to the GPU run"
-        configs[-1]["compile"] = "false"
+        for c in configs[-2:]:
+            c["compile"] = "false"
     return configs
 
 
@@ -285,7 +291,7 @@ def part_throughput(report: Report, args, deadline: float, turn: str) -> None:
     for c in throughput_configs(args.smoke):
         if c["turn"] != turn:
             continue
-        name = f"{c['recipe']} {c['optim']} compile={c['compile']}"
+        name = f"{c['recipe']} {c['optim']} compile={c['compile']}" + (" loss unchunked" if c.get("loss_chunks") == "off" else "")
         row = {"name": name, **{k: c[k] for k in ("recipe", "optim", "compile")}}
         full = CAPS[c.get("cap", "compile_on" if c["compile"] == "true" else "compile_off")]
         cap = min(full, deadline - time.monotonic())
@@ -300,6 +306,7 @@ def part_throughput(report: Report, args, deadline: float, turn: str) -> None:
                     *("--recipe", c["recipe"], "--optim", c["optim"], "--compile", c["compile"]),
                     *("--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps)),
                     *("--accum", str(args.accum), *(["--smoke"] if args.smoke else [])),
+                    *(["--loss-chunk-elements", str(2**40)] if c.get("loss_chunks") == "off" else []),
                 ]
                 argv = child_argv("throughput", *shown, "--result", str(result_file), "--runs-dir", tmp)
                 run = run_child(report, f"throughput {name}", argv, cap)
@@ -757,6 +764,10 @@ def child_throughput(a) -> None:
     ]
     if a.smoke:
         overrides += [*TINY, "dtype=float32"]
+    if a.loss_chunk_elements:
+        from gpt.model import GPT
+
+        GPT.LOSS_CHUNK_ELEMENTS = a.loss_chunk_elements
     trainer = Trainer(build_run(compose("config", overrides, "python benchmarks/device.py")))
     run, dev = trainer.run, trainer.run.rt.device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -911,6 +922,7 @@ def child(argv: list[str]) -> None:
     t.add_argument("--result", default=None, help="also write the figures here (JSON)")
     t.add_argument("--runs-dir", default=None, help="where the run's directory goes (default: a new temporary one)")
     t.add_argument("--smoke", action="store_true")
+    t.add_argument("--loss-chunk-elements", type=int, default=None, help="GPT.LOSS_CHUNK_ELEMENTS for this run")
     g = sub.add_parser("generate")
     g.add_argument("--device", default="cuda")
     g.add_argument("--result", default=None, help="also write the figures here (JSON)")
