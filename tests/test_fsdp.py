@@ -125,6 +125,73 @@ def test_sharded_sampling_takes_rank_0s_tokens_on_every_process(tmp_path):
     assert len(texts[0]) == 24 and texts[0] == texts[1]
 
 
+def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
+    """One of `world` gloo processes: a GPT built on the meta device, sharded, filled from rank 0's
+    whole weights by load_from_rank_0 while recording the largest tensor each process allocates;
+    each writes its shards' match with the whole model's rows, and that largest allocation."""
+    import json
+
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpt.model import GPT, GPTConfig, meta
+    from gpt.runtime import devices
+    from gpt.training import sharding
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        config = GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32)  # 65 rows: uneven pieces
+        torch.manual_seed(0)
+        reference = GPT(config)
+        whole = {k: v.clone() for k, v in reference.state_dict().items()} if rank == 0 else {}
+        model = GPT(config)
+        meta.to_meta(model)
+        model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
+        sharding.materialize(model, torch.device("cpu"))
+        largest = [0]
+
+        class Allocations(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                if func in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
+                    largest[0] = max(largest[0], result.numel())
+                return result
+
+        with Allocations():
+            sharding.load_from_rank_0(model, whole, torch.device("cpu"))
+        rows_match = all(
+            torch.equal(sharding.local(p), reference.state_dict()[name].chunk(world)[rank])
+            if rank < len(reference.state_dict()[name].chunk(world))
+            else sharding.local(p).numel() == 0
+            for name, p in model.state_dict().items()
+        )
+        shapes = [t.shape for t in reference.state_dict().values()]
+        piece = max(-(-s[0] // world) * (s.numel() // s[0]) for s in shapes)  # the largest of torch.chunk's pieces
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(
+                {"rows_match": rows_match, "largest": largest[0], "piece": piece, "whole": max(s.numel() for s in shapes)}, f
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_load_from_rank_0_sends_each_process_its_rows_only(tmp_path, world):
+    """load_from_rank_0 puts torch.chunk's piece r of every whole tensor into rank r's shard (65
+    rows: uneven pieces, padded for the scatter), and no process but rank 0 allocates more than
+    the largest piece (torch's distribute_tensor would have each allocate the whole shape to
+    receive into: device memory on a GPU)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_load_sharded, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
+    got = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(world)]
+    assert all(g["rows_match"] for g in got)
+    assert all(0 < g["largest"] <= g["piece"] < g["whole"] for g in got[1:]), got  # the recorder saw their pieces, no more
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "shape, optim, extra, tolerance",

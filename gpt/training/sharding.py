@@ -60,27 +60,62 @@ def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> Non
     processes then received in the order of the file's storage, not the view's (a GPT-2 folder's
     sharded finetune was 0.0075 off one process's loss). Here each is made a contiguous tensor of
     the shard's dtype (fp32; the file's may be bf16), one at a time: rank 0 holds one whole tensor
-    at most beside the mapping (a tied table is sent once); every other process allocates one for
-    the scatter's bookkeeping (untouched pages on a CPU, device memory on a GPU). `device`: the run's, where the collectives run (under
-    cpu_offload the shards themselves sit in host memory)."""
+    at most beside the mapping (a tied table is sent once), and every other process receives its
+    rows only (`_scatter_rows`: torch's distribute_tensor would have each allocate a whole tensor
+    to receive into, device memory on a GPU). `device`: the run's, where the collectives run
+    (under cpu_offload the shards themselves sit in host memory)."""
     rank0 = torch.distributed.get_rank() == 0
     tied = meta.tied_names(model)  # the LM head tied to the embedding
     for name, shard in model.state_dict().items():
         if name in tied:  # filled under its first name
             continue
+        value = None
         if rank0:  # one copy: to the device, the shard's dtype and contiguous at once (.to alone
             # leaves a view of the right dtype as it is, hence .contiguous())
             value = whole[name].to(device=device, dtype=shard.dtype, memory_format=torch.contiguous_format).contiguous()
-        else:  # its shape for the collective; its values are never read (nor, on a CPU, its pages touched)
-            value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
-        if isinstance(shard, DTensor):
-            cut = distribute_tensor(value, shard.device_mesh, shard.placements, src_data_rank=0)
-            shard.to_local().copy_(cut.to_local())
-            del cut
+        if isinstance(shard, DTensor) and _rows_of_one_group(shard):
+            _scatter_rows(value, shard.to_local(), shard.shape, device)
+        elif isinstance(shard, DTensor):  # another layout: torch's scatter (each process allocates the whole shape)
+            if value is None:
+                value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
+            shard.to_local().copy_(distribute_tensor(value, shard.device_mesh, shard.placements, src_data_rank=0).to_local())
         else:  # (a fully sharded GPT has none; sent whole if it had)
+            if value is None:
+                value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
             torch.distributed.broadcast(value, src=0)
             shard.copy_(value)
         del value
+
+
+def _rows_of_one_group(t: DTensor) -> bool:
+    """Whether `t` is cut as fully_shard cuts a parameter over the default group: dim 0 in
+    torch.chunk's pieces, piece r on rank r (a 1-D mesh of every process)."""
+    from torch.distributed.tensor import Shard
+
+    mesh = t.device_mesh
+    return mesh.ndim == 1 and mesh.size() == torch.distributed.get_world_size() and list(t.placements) == [Shard(0)]
+
+
+def _scatter_rows(value: torch.Tensor | None, local: torch.Tensor, shape: torch.Size, device: torch.device) -> None:
+    """Rank 0's whole `value` cut into torch.chunk's row pieces, piece r into rank r's `local`;
+    every other process allocates its piece only. torch's scatter takes pieces of one size: each is
+    ceil(rows / N) rows, the last ones padded (views of rank 0's tensor but the padded one)."""
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    rows = -(-shape[0] // world)  # ceil: torch.chunk's piece size, which FSDP2's shards follow
+    mine = max(0, min(rows, shape[0] - rank * rows))
+    if local.shape[0] != mine:  # FSDP2 cut it another way than this assumes: say so, never load it wrong
+        raise TinyGPTError(f"a shard of {tuple(shape)} holds {local.shape[0]} rows on rank {rank}, not {mine}; report this")
+    piece = torch.empty((rows, *shape[1:]), dtype=local.dtype, device=device)
+    pieces = None
+    if value is not None:
+        pieces = []
+        for r in range(world):
+            part = value[r * rows : (r + 1) * rows]
+            if part.shape[0] < rows:  # the last pieces: padded to the common size
+                part = torch.cat([part, part.new_zeros((rows - part.shape[0], *shape[1:]))])
+            pieces.append(part)
+    torch.distributed.scatter(piece, pieces, src=0)
+    local.copy_(piece[:mine])
 
 
 def materialize(model: nn.Module, device: torch.device, offload: bool = False) -> None:
