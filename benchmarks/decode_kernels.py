@@ -1,9 +1,9 @@
 """Decoding on a GPU, step by step: which attention kernel a decode step gets, what it costs, and
 where the host waits for the device.
 
-The first device run (2026-12-04, one H200) decoded the 124M shape at ~21 tokens/s at batch 1,
-KV cache on or off: ~47 ms a token, where the first token (the 128-token prompt and the first
-draw) took 6 ms. This script splits that up:
+The first device run (2026-12-04, one H200) decoded the 124M shape at ~21 tokens/s at batch 1
+with the KV cache (~47 ms a token; 18 tokens/s without), where the first token (the 128-token
+prompt and the first draw) took 6 ms. This script splits that up:
 
 Decoding as gpt.generation ships it keeps cuDNN's attention out of decode steps
 (gpt.generation.decoder.DECODE_KERNELS); the rows under each other choice set that aside.

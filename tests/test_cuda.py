@@ -147,12 +147,13 @@ def test_the_batched_draw_is_the_per_row_multinomial_draw_on_cuda():
         assert torch.equal(draw(probs, ours), expected)
 
 
-def test_generation_reads_back_from_the_gpu_once_every_few_tokens():
+@pytest.mark.parametrize("penalty", [1.0, 1.3])  # with a penalty the seen-table is updated every token too
+def test_generation_reads_back_from_the_gpu_once_every_few_tokens(penalty):
     """With CUDA's sync debug mode on, each operation that makes the host wait for the GPU
     warns: 64 sampled tokens for 3 rows make a few such waits (the set-up, one read every 8
     tokens: gpt.generation.read_every), not several per row and token."""
     model, tok = tiny_gpt(block_size=128), char_tokenizer()
-    cfg = SamplingSettings(max_new_tokens=64, temperature=1.0, top_k=20, stop_at_eot=False)
+    cfg = SamplingSettings(max_new_tokens=64, temperature=1.0, top_k=20, stop_at_eot=False, repetition_penalty=penalty)
     generate(model, tok, ["ROMEO:"], cfg)  # warm-up: CUDA context, kernels, allocator
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:

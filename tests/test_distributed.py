@@ -163,29 +163,72 @@ def test_process_placement_from_torchrun_or_slurm(monkeypatch):
     for var in (
         *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
         *("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID"),
+        "MASTER_ADDR",
     ):
         monkeypatch.delenv(var, raising=False)
     assert distributed.from_env() == distributed.Dist(0, 0, 1, 1, launched=False)
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 1, launched=True)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 1, launched=False)
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")  # set only with --ntasks-per-node
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 4, launched=True)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 4, launched=False)
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3(x2),2")  # always set: nodes 0 and 1 run 3 tasks, node 2 runs 2
     monkeypatch.setenv("SLURM_NODEID", "1")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 3, launched=True)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 3, launched=False)
     monkeypatch.setenv("SLURM_NODEID", "2")
-    assert distributed.from_env() == distributed.Dist(5, 1, 8, 2, launched=True)
+    assert distributed.from_env() == distributed.Dist(5, 1, 8, 2, launched=False)
     monkeypatch.setenv("RANK", "3")  # torchrun inside a SLURM allocation: torchrun's view wins
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert distributed.from_env() == distributed.Dist(3, 3, 4, 4, launched=True)  # no LOCAL_WORLD_SIZE: one node
+    assert distributed.from_env() == distributed.Dist(3, 3, 4, 4, launched=False)  # no LOCAL_WORLD_SIZE: one node
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert distributed.from_env() == distributed.Dist(3, 3, 4, 2, launched=True)
+    assert distributed.from_env() == distributed.Dist(3, 3, 4, 2, launched=False)
+    # `launched`: a group can meet, even of one process (FSDP2 then shards over it): a launcher
+    # started the process and said where to meet. A one-task SLURM job without MASTER_ADDR is a
+    # plain process (the default hydra/launcher=slurm job).
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var)
+    for var, value in (("SLURM_NTASKS", "1"), ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0"), ("SLURM_TASKS_PER_NODE", "1")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    assert distributed.from_env() == distributed.Dist(0, 0, 1, 1, launched=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert distributed.from_env() == distributed.Dist(0, 0, 1, 1, launched=True)
     for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
-        monkeypatch.setenv(var, value)  # torchrun --nproc_per_node=1: a group of one can meet (FSDP2 shards over it)
+        monkeypatch.setenv(var, value)  # torchrun --nproc_per_node=1 (which sets MASTER_ADDR)
     assert distributed.from_env() == distributed.Dist(0, 0, 1, 1, launched=True) and not distributed.from_env().enabled
+
+
+def test_a_group_of_one_on_a_gpu_takes_the_gpu_in_use(monkeypatch):
+    """distributed.init(alone=True) under torchrun with one process: device=cuda (no index) means
+    the GPU torch uses, and any index is fine for one process (the check that each process has its
+    own GPU is for several); NCCL and gloo when the shards are offloaded. (torch's CUDA and
+    process-group calls are recorded, so this runs without a GPU.)"""
+    import torch
+
+    from gpt.errors import TinyGPTError
+    from gpt.runtime import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(distributed.torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        distributed.dist, "init_process_group", lambda backend, **kw: calls.append((backend, str(kw["device_id"])))
+    )
+    monkeypatch.setattr(distributed.dist, "new_group", lambda **kw: None)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    alone = distributed.Dist(0, 0, 1, 1, launched=True)
+    distributed.init(alone, torch.device("cuda"), host_tensors=True, alone=True)
+    distributed.init(alone, torch.device("cuda", 1), alone=True)
+    assert calls == [("set_device", "cuda:0"), ("cuda:nccl,cpu:gloo", "cuda:0"), ("set_device", "cuda:1"), ("nccl", "cuda:1")]
+    calls.clear()
+    distributed.init(alone, torch.device("cuda"))  # not sharded: no group
+    distributed.init(distributed.Dist(0, 0, 1, 1, launched=False), torch.device("cuda"), alone=True)  # nowhere to meet
+    assert calls == []
+    with pytest.raises(TinyGPTError, match="would put every process on one GPU"):  # several processes: their own GPUs
+        distributed.init(distributed.Dist(1, 1, 2, 2, launched=True), torch.device("cuda", 0))
 
 
 @pytest.mark.slow

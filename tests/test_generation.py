@@ -520,7 +520,7 @@ def test_a_decode_step_writes_no_indexed_assignment_and_tracks_seen_tokens_only_
 
 def test_decode_steps_name_their_attention_kernels_on_cuda(monkeypatch):
     """gpt.generation.decoder.DECODE_KERNELS: on CUDA a decode step runs with flash, efficient and
-    math attention named (torch's own choice cost ~37 ms at each new key length on an H200); on
+    math attention named (torch's own choice cost 36-52 ms at each new key length on an H200); on
     other devices nothing is changed. torch's flags are global, so this is checked without a GPU."""
     from gpt.generation import decoder as decoding
 

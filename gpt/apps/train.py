@@ -226,7 +226,7 @@ def _task(cfg, start: Start | None = None) -> float:
             _put_back_earlier_record(start.kept if start is not None else [])
             raise
         except Preempted:
-            launcher = "torchrun <its options> train.py" if dist.enabled else _command("train")
+            launcher = "torchrun <its options> train.py" if dist.enabled or dist.launched else _command("train")
             say(after_stop(Path(settings.paths.output_dir), launcher))
             if multirun and dist.is_main:  # the sweep stops here: its leaderboard shows this job too
                 try:

@@ -153,9 +153,9 @@ class Decoder:
 
 # The attention kernels a decode step may use on CUDA, named rather than left to torch's own
 # choice. Each step attends over one more key than the last, and with torch's default choice every
-# new key length cost ~37 ms once (torch 2.11 on an H200, 2026-12-04: 42 ms a token at batch 1
-# against 5.3 ms with these three named; cuDNN's alone, or the efficient kernel's alone, ran at
-# 5.1 ms). What torch's default did differently was not found. benchmarks/decode_kernels.py
+# new key length cost 36-52 ms once (torch 2.11 on two H200s, 2026-12-04: 42-48 ms a token at
+# batch 1 against 5.3-6.5 ms with these three named; cuDNN's alone, or the efficient kernel's
+# alone, ran at 5.0-6.4 ms). What torch's default did differently was not found. benchmarks/decode_kernels.py
 # measures each choice; None leaves torch's own.
 DECODE_KERNELS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

@@ -23,7 +23,9 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1  # processes on this node
-    launched: bool = False  # started by torchrun or SLURM, so a process group can meet (even alone)
+    # started by a launcher (torchrun, SLURM) that gave it a place to meet (MASTER_ADDR), so a
+    # process group can form even of one process
+    launched: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -45,9 +47,10 @@ def from_env() -> Dist:
             int(env.get("LOCAL_RANK", 0)),
             int(env.get("LOCAL_WORLD_SIZE", size)),
         )
-        return Dist(rank, local_rank, size, per_node, launched="RANK" in env)
+        return Dist(rank, local_rank, size, per_node, launched="RANK" in env and "MASTER_ADDR" in env)
     per_node = _slurm_tasks_on_this_node(env)
-    return Dist(int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), per_node, True)
+    placed = int(env.get("SLURM_PROCID", 0)), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), per_node
+    return Dist(*placed, launched="MASTER_ADDR" in env)
 
 
 def _slurm_tasks_on_this_node(env) -> int:
@@ -95,7 +98,9 @@ def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool 
     os.environ.setdefault("WORLD_SIZE", str(d.world_size))
     os.environ.setdefault("LOCAL_RANK", str(d.local_rank))
     if device.type == "cuda":
-        if device.index != d.local_rank:
+        if device.index is None:  # alone: the GPU torch uses now
+            device = torch.device("cuda", torch.cuda.current_device())
+        if d.enabled and device.index != d.local_rank:
             raise TinyGPTError(
                 f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda"
             )

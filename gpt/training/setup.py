@@ -49,10 +49,10 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     log = logger.info if dist.is_main else quiet
     if claim is None:  # nobody checked these settings yet
         preflight(cfg)
-    local_rank = dist.local_rank if dist.enabled else None
-    rt = devices.setup(cfg.device, cfg.dtype, cfg.compile, local_rank, cfg.threads, dist.local_world_size, training=True)
     # FSDP2 under torchrun shards over its processes, one included (its offload then fits a larger model on one GPU)
-    sharded = cfg.distributed == "fsdp" and dist.launched
+    sharded = cfg.distributed == "fsdp" and (dist.enabled or dist.launched)
+    local_rank = dist.local_rank if dist.enabled or sharded else None
+    rt = devices.setup(cfg.device, cfg.dtype, cfg.compile, local_rank, cfg.threads, dist.local_world_size, training=True)
     distributed.init(dist, rt.device, host_tensors=cfg.cpu_offload, alone=sharded)
     # Under torchrun every process picked its own run directory: rank 0's is the one.
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(runs.new_run_dir(cfg.paths.runs_dir)), dist))
