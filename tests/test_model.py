@@ -89,6 +89,29 @@ def test_the_model_under_cpu_bf16_autocast_attends_in_fp32_and_computes_in_bf16(
     assert seen == [(torch.float32,) * 3] * 2 and c_attn_out.dtype == torch.bfloat16 and torch.isfinite(loss)
 
 
+def test_queries_and_keys_reach_fp32_attention_without_a_bf16_round_trip(monkeypatch):
+    """Under CPU bf16 autocast, where attention runs in fp32, the QK-normed and rotated queries
+    and keys stay fp32 from the norm on: not rounded to bf16 and cast back."""
+    from gpt.model import attention
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q, k))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    model = GPT(tiny(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False))
+    x = torch.randint(0, 64, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x, x)
+    for q, k in seen:
+        assert q.dtype == k.dtype == torch.float32
+        assert not torch.equal(q, q.bfloat16().float()) and not torch.equal(k, k.bfloat16().float())
+
+
 @pytest.mark.parametrize("T", [5, 16])
 def test_manual_attention_matches_sdpa(T):
     torch.manual_seed(1)
