@@ -89,6 +89,24 @@ def test_the_model_under_cpu_bf16_autocast_attends_in_fp32_and_computes_in_bf16(
     assert seen == [(torch.float32,) * 3] * 2 and c_attn_out.dtype == torch.bfloat16 and torch.isfinite(loss)
 
 
+def test_the_explicit_attention_path_gets_queries_and_keys_in_the_compute_dtype(monkeypatch):
+    """Only the fused path upcasts: the explicit one (attention="manual", or attention maps) gets
+    bf16 queries and keys under CPU bf16 autocast, where its matmuls compute anyway."""
+    seen = []
+    real = CausalSelfAttention._manual_attention
+
+    def spy(self, q, k, v, mask=None):
+        seen.append((q.dtype, k.dtype))
+        return real(self, q, k, v, mask)
+
+    monkeypatch.setattr(CausalSelfAttention, "_manual_attention", spy)
+    model = GPT(tiny(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False, attention="manual"))
+    x = torch.randint(0, 64, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(x, x)
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * 2 and torch.isfinite(loss)
+
+
 def test_queries_and_keys_reach_fp32_attention_without_a_bf16_round_trip(monkeypatch):
     """Under CPU bf16 autocast, where attention runs in fp32, the QK-normed and rotated queries
     and keys stay fp32 from the norm on: not rounded to bf16 and cast back."""

@@ -63,7 +63,8 @@ class CausalSelfAttention(nn.Module):
         # skip a round trip through bf16 (with the layout above, the quickstart's step on a CPU is
         # ~3% shorter, 5 alternated pairs); else the compute dtype (the norm computes in fp32, and
         # an fp32 K would make the KV cache fp32 and be re-cast at every generated token).
-        dtype = torch.float32 if cache is None and _upcast(q) else v.dtype
+        fused = self.impl == "sdpa" and not self.capture  # the explicit path's matmuls autocast to bf16 anyway
+        dtype = torch.float32 if fused and cache is None and _upcast(q) else v.dtype
         if self.q_norm is not None:  # before the rotation: it scales a head's vector, RoPE turns it
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.to(dtype), k.to(dtype)
@@ -74,7 +75,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.store(self.layer_idx, k, v)
         grouped = self.n_kv_head != self.n_head  # each K/V head serves a group of query heads
-        if self.impl == "sdpa" and not self.capture:
+        if fused:
             y = _sdpa(
                 q,
                 k,
