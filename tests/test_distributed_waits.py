@@ -19,7 +19,17 @@ from helpers import free_port
 def _worker(rank: int, port: int, patient: bool, out: str) -> None:
     from gpt.runtime import distributed
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TINYGPT_DIST_TIMEOUT_S="2")
+    # RANK and the rest set here, not inherited: a test before this one in the same pytest worker may
+    # have left them in its environment (distributed.init sets them for env:// when absent), and two
+    # processes both "rank 0" would each start the store (EADDRINUSE) or meet the wrong peer
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TINYGPT_DIST_TIMEOUT_S="2",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+    )
     d = distributed.Dist(rank, rank, 2, 2)
     distributed.init(d, torch.device("cpu"))
     try:
