@@ -219,6 +219,8 @@ def test_a_group_of_one_on_a_gpu_takes_the_gpu_in_use(monkeypatch):
     )
     monkeypatch.setattr(distributed.dist, "new_group", lambda **kw: None)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # init sets them for env://: put back as they were afterwards
+        monkeypatch.setenv(var, "0" if var != "WORLD_SIZE" else "1")
     alone = distributed.Dist(0, 0, 1, 1, launched=True)
     distributed.init(alone, torch.device("cuda"), host_tensors=True, alone=True)
     distributed.init(alone, torch.device("cuda", 1), alone=True)
