@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -222,22 +221,9 @@ def export_hf(model, tokenizer, out: Path) -> Path:
 
 
 def free_port() -> int:
-    """A port nothing listens on, drawn from below Linux's ephemeral range (32768-60999): one the
-    kernel hands out for bind(("", 0)) it may hand out again, to another process's outgoing
-    connection, before the test binds it (a two-process TCPStore failed with EADDRINUSE that way
-    under pytest -n 2). Each xdist worker draws from its own band, so two workers never race."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-    low = 20000 + (int(worker) % 8 if worker.isdigit() else 0) * 1500
-    draw = random.SystemRandom()
-    for _ in range(200):
-        port = draw.randrange(low, low + 1500)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}-{low + 1499}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Server:

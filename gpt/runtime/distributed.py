@@ -94,7 +94,9 @@ def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool 
             f"{d.world_size} processes but no MASTER_ADDR / MASTER_PORT to meet at; launch with torchrun, or export them "
             f"(under SLURM: MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), MASTER_PORT=29500)"
         )
-    os.environ.setdefault("RANK", str(d.rank))  # the env:// rendezvous reads these
+    # RANK and WORLD_SIZE go to the rendezvous from `d` as well: ones already in the environment
+    # may be stale (left by an earlier group in this process)
+    os.environ.setdefault("RANK", str(d.rank))
     os.environ.setdefault("WORLD_SIZE", str(d.world_size))
     os.environ.setdefault("LOCAL_RANK", str(d.local_rank))
     if device.type == "cuda":
@@ -106,9 +108,9 @@ def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool 
             )
         torch.cuda.set_device(device)
         backend = "cuda:nccl,cpu:gloo" if host_tensors else "nccl"
-        dist.init_process_group(backend, device_id=device, timeout=_collective_timeout())
+        dist.init_process_group(backend, device_id=device, timeout=_collective_timeout(), rank=d.rank, world_size=d.world_size)
     elif device.type == "cpu":
-        dist.init_process_group("gloo", timeout=_collective_timeout())
+        dist.init_process_group("gloo", timeout=_collective_timeout(), rank=d.rank, world_size=d.world_size)
     else:
         raise TinyGPTError(f"distributed training on {device.type} is not supported; use CUDA GPUs or device=cpu")
     global _patient_group
