@@ -27,10 +27,10 @@ SMALL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_si
 SHAPES = {"gpt2-block": ["model=gpt-micro", *SMALL], "llama": ["model=llama-nano", *SMALL, "model.mlp_hidden=64"]}
 
 
-def _torchrun(n: int, args: list[str], cwd, root, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def _torchrun(n: int, args: list[str], cwd, root, **env_extra) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env_extra}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(REPO / "train.py")]
-    return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _metrics(run_dir, kind) -> dict[int, dict]:
@@ -223,8 +223,16 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
     args += ["train.eval_iters=2", "train.log_interval=1", "optim.warmup_iters=5", "train.sample_tokens=20"]
     one = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = _torchrun(2, [*args, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, root)
+    # dynamo names each recompile: a compiled run's blocks must keep their training graph (the
+    # samples between steps once made each rank recompile past dynamo's limit, then train eager)
+    watch = {"TORCH_LOGS": "recompiles"} if "compile=true" in extra else {}
+    two = _torchrun(
+        2, [*args, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, root, **watch
+    )
     assert two.returncode == 0, two.stderr[-3000:]
+    if watch:  # one graph for training, one for evaluation (no gradients): one recompile per rank
+        assert "recompile_limit" not in two.stderr, two.stderr[-3000:]
+        assert two.stderr.count("Recompiling function") <= 2, two.stderr[-3000:]
     accum = 2 if "train.grad_accum_steps=2" in extra else 1
     assert "FSDP2 over 2 processes" in two.stdout and f"global batch of {128 * accum}" in two.stdout
     assert "sample at step 20" in two.stdout and two.stdout.count("sample at step 20") == 1  # rank 0 shows it

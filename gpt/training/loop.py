@@ -56,6 +56,13 @@ class Trainer:
         # samples and task scores training shows (the same: same weights, seed and items) and rank 0
         # shows them.
         self.lockstep = is_sharded(run.model)
+        # Sharded and compiled, the plain model's blocks are compiled in place (sharding.shard), so
+        # what only `fit` shows (samples, task scores, attention maps) runs them eager: decoding's
+        # single-token steps with a cache would compile a graph for each layer and cache state
+        # until dynamo's recompile limit (8), then decode eager anyway.
+        self.plain = (
+            (lambda: torch.compiler.set_stance("force_eager")) if run.rt.compile and self.lockstep else contextlib.nullcontext
+        )
 
     # --- the public steps ------------------------------------------------------------------------
 
@@ -100,7 +107,7 @@ class Trainer:
         """train.eval_tasks' figures for the model as it is now ({task: {metric: value}}; rank 0,
         or every rank of a sharded run)."""
         r = self.run
-        with r.rt.autocast():
+        with r.rt.autocast(), self.plain():
             return {
                 name: evaluate_task(r.model, r.data.tokenizer, name, items, r.rt.device, self.ts.batch_size)
                 for name, items in r.tasks.items()
@@ -130,7 +137,7 @@ class Trainer:
         # single-token steps (100 tokens of the quickstart model: 0.45-0.58 s under it, 0.32-0.43 s
         # without).
         precision = contextlib.nullcontext() if r.rt.device.type == "cpu" else r.rt.autocast()
-        with precision:
+        with precision, self.plain():
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
             return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings, device=r.rt.device)[0][0]
 
@@ -328,7 +335,8 @@ class Trainer:
                     self._log_tasks(step, results)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
                 x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
-                maps = r.model.attention_maps(x)
+                with self.plain():
+                    maps = r.model.attention_maps(x)
                 if r.dist.is_main:
                     self.records.tb.attention_images(step, maps)
         if ts.histogram_every and self.evals_done % ts.histogram_every == 0:
