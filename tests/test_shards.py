@@ -170,11 +170,13 @@ def test_a_failed_sharded_save_keeps_the_checkpoint_that_was_there(tmp_path, mon
     _save_sharded(path, model, optimizer)
     before = checkpoint.load(path).model
 
-    class FullDisk(shards.dcp.FileSystemWriter):  # the disk fills inside DCP, which wraps the error
+    import torch.distributed.checkpoint as dcp  # (shards imports it where it writes)
+
+    class FullDisk(dcp.FileSystemWriter):  # the disk fills inside DCP, which wraps the error
         def write_data(self, plan, planner):
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shards.dcp, "FileSystemWriter", FullDisk)
+    monkeypatch.setattr(dcp, "FileSystemWriter", FullDisk)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)

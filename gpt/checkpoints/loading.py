@@ -10,7 +10,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.nn as nn
 
 from gpt.checkpoints import checkpoint, runs
@@ -141,13 +140,13 @@ def model_from_checkpoint(ckpt: Checkpoint, dropout: float | None = None, mapped
         config["dropout"] = dropout
     # built on the meta device: no initial values computed (or random numbers drawn) to be overwritten
     shapes_only = any(t.is_meta for t in ckpt.model.values())
-    with torch.device("meta"):
+    with meta.building():
         model = registry.build(registry.config_from_dict(config))
         if ckpt.lora:
             apply_lora(model, ckpt.lora["rank"], ckpt.lora["alpha"])
     _load_weights(model, ckpt, copy=not (mapped or shapes_only))
     if ckpt.lora:
-        with torch.device("meta") if shapes_only else contextlib.nullcontext():
+        with meta.building() if shapes_only else contextlib.nullcontext():
             merge_lora(model)
         for p in model.parameters():
             p.requires_grad_(True)

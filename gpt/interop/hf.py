@@ -160,7 +160,7 @@ def build(config, state: dict[str, torch.Tensor], folder: Path, family: str, map
     values are computed only to be overwritten; the weights are float32 copies, or with `mapped`
     the state's tensors themselves (safetensors maps the file: nothing is read until used; in the
     file's dtype; gpt.checkpoints.loading.load)."""
-    with torch.device("meta"):
+    with meta.building():
         model = GPT(config)
     try:
         missing, unexpected = meta.adopt(model, state, strict=False, copy=not mapped)

@@ -73,8 +73,13 @@ class GPT(nn.Module):
         )
         self.transformer = nn.ModuleDict(layers)
         # Fixed tables are buffers: they follow .to(device) but are neither trained nor saved.
-        for name, table in self.fixed_tables().items():
-            self.register_buffer(name, table, persistent=False)
+        # Computed on the CPU and moved where the model is built: on the meta device (shapes only,
+        # gpt.model.meta.building) torch computes them through its Python references, whose first
+        # use imports torch._dynamo (0.3 s of every sample, eval, serve and export start).
+        with torch.device("cpu"):
+            tables = self.fixed_tables()
+        for name, table in tables.items():
+            self.register_buffer(name, table.to(torch.get_default_device()), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             # Weight tying: the input embedding and the output projection share one matrix, which

@@ -1,13 +1,38 @@
-"""Models without memory of their own: a model's weights dropped to shapes on the meta device
-(`to_meta`), or a model built on the meta device that takes a state dict's own tensors as its
+"""Models without memory of their own: a model built as shapes only (`building`), a model's
+weights dropped to shapes on the meta device (`to_meta`), or a model built on the meta device that takes a state dict's own tensors as its
 weights (`adopt`), with no values computed or copied first. Weight tying survives both, which
 torch's own moves do not (Module.to("meta") and load_state_dict(assign=True) give each module a
 parameter of its own)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+
+class _NoFills(TorchFunctionMode):
+    """torch.nn.init's fills of a meta tensor skipped: they give it no values anyway and draw no
+    random numbers, but torch runs a meta tensor's normal_ through its Python reference, whose
+    first call imports torch._dynamo (0.3 s of every sample, eval, serve and export start, which
+    build the model on the meta device before taking the checkpoint's weights)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def building():
+    """Modules built inside have shapes only: torch.device("meta"), their initialisation skipped."""
+    with torch.device("meta"), _NoFills():
+        yield
 
 
 def _places(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpt.config import RunConfig, ScalingConfig
 from gpt.errors import TinyGPTError
-from gpt.model import compute
+from gpt.model import compute, meta
 from gpt.scaling.fit import Point
 
 RUNS, CHECK = "runs", "check"
@@ -44,14 +44,13 @@ class Job:
 def shapes(settings: RunConfig, depths, vocab_size: int) -> dict[int, dict]:
     """compute.counts of the model at each depth, built on the meta device (no memory, no time:
     a GPU preset's models are sized here on a laptop)."""
-    import torch
 
     from gpt.model import registry
 
     out = {}
     for depth in depths:
         config = registry.with_vocab(settings.model.changed(depth=depth), vocab_size)
-        with torch.device("meta"):
+        with meta.building():
             out[depth] = compute.counts(registry.build(config))
     return out
 

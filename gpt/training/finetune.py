@@ -69,7 +69,7 @@ def _extend_context(model, context: int, source: str, log):
             f"finetune.block_size={context} is longer than {source}'s context ({model.config.block_size}) and {what}; "
             f"use finetune.block_size <= {model.config.block_size}"
         )
-    with torch.device("meta"):  # the same weights, not copies (they may be a file's mapped pages)
+    with meta.building():  # the same weights, not copies (they may be a file's mapped pages)
         longer = registry.build(model.config.changed(block_size=context))
     meta.adopt(longer, model.state_dict())
     log(f"context {model.config.block_size} -> {context} ({kind} positions reach any length)")

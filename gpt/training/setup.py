@@ -78,7 +78,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     from_rank_0 = sharded and resumed is None
     reads_shards = sharded and resumed is not None and resumed.shards is not None
     on_meta = reads_shards or (from_rank_0 and not dist.is_main)
-    building = (lambda: torch.device("meta")) if on_meta else contextlib.nullcontext
+    building = meta.building if on_meta else contextlib.nullcontext
     # The weights a new finetune starts from, loaded once: conversations are tokenized with their
     # tokenizer (a resumed finetune's checkpoint has it). Under FSDP2 rank 0 alone loads them, and
     # mapped: its model holds the file's pages, read as each tensor is sent (load_from_rank_0).
