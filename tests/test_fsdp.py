@@ -465,12 +465,15 @@ def test_a_tied_table_some_process_holds_no_rows_of_saves_and_resumes(tmp_path, 
 
 
 @pytest.mark.slow
-def test_eval_tasks_histograms_and_attention_maps_under_fsdp_are_the_whole_models(tmp_path, data_root):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_eval_tasks_histograms_and_attention_maps_under_fsdp_are_the_whole_models(tmp_path, data_root, compiled):
     """train.eval_tasks under FSDP2: rank 0 reads the items (local copies under the data root) and
     hands them to the other process; both score them with the sharded model; rank 0 records
     figures equal to scoring the saved step-4 model in one process (lambada's perplexity is a
     continuous check of it). Weight and gradient histograms hold every value of the whole
-    tensors (gathered), and the attention maps are drawn, by both processes in lockstep."""
+    tensors (gathered), and the attention maps are drawn, by both processes in lockstep. Compiled
+    (blocks compiled in place), the scores, maps and samples run the blocks eager: no recompile
+    beyond evaluation's no-grad graph."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from gpt.config import TaskSettings
@@ -494,8 +497,10 @@ def test_eval_tasks_histograms_and_attention_maps_under_fsdp_are_the_whole_model
         "train.eval_iters=1", "train.sample_tokens=0", "train.eval_tasks=[lambada,arc_easy]", "distributed=fsdp",
         "train.histogram_every=1", "train.attention_every=2", f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
-    proc = _torchrun(2, args, tmp_path, own)
+    proc = _torchrun(2, args + ["compile=true"] * compiled, tmp_path, own, **({"TORCH_LOGS": "recompiles"} if compiled else {}))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if compiled:  # one recompile per rank: evaluation's no-grad graph
+        assert "recompile_limit" not in proc.stderr and proc.stderr.count("Recompiling function") <= 2, proc.stderr[-3000:]
     assert proc.stdout.count("task lambada: 3 items scored at every eval") == 1  # read by rank 0 alone
     recorded = _metrics(tmp_path / "run", "tasks")
     assert sorted(recorded) == [0, 2, 4]
