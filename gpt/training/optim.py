@@ -188,7 +188,9 @@ class Muon(torch.optim.Optimizer):
         local = updates[0].new_zeros((share, *updates[0].shape))
         if mine:
             ortho = orthogonalize(torch.stack(mine), steps, self.ns_dtype)
-            local = ortho if len(mine) == share else torch.cat([ortho, local[len(mine) :]])
+            # contiguous: a tall matrix's result is a transposed view, which gloo copies and NCCL
+            # refuses ("Tensors must be contiguous")
+            local = ortho.contiguous() if len(mine) == share else torch.cat([ortho, local[len(mine) :]])
         gathered = local.new_empty((world * share, *local.shape[1:]))  # rank r's stack at rows r*share...
         # all_gather_single: newer torch's name for all_gather_into_tensor (deprecated in 2.13; older torch has only that).
         exchange = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -1,6 +1,7 @@
 """Muon under DDP: two CPU processes (torchrun, gloo) that hold the same parameters and gradients
-each run Newton-Schulz on their share of the matrices only, exchange the results, and end with
-the parameters and the optimizer state of one process stepping alone.
+each run Newton-Schulz on their share of the matrices only, exchange the results (held to NCCL's
+rules for what it sends: gloo is laxer), and end with the parameters and the optimizer state of
+one process stepping alone.
 Run: pytest tests/training/test_muon_ddp.py (this file is also the workers' script:
 torchrun --nproc_per_node=2 tests/training/test_muon_ddp.py <out-dir>)."""
 
@@ -89,10 +90,28 @@ def _worker(out: Path) -> None:
     if nccl:
         torch.cuda.set_device(_device())
     dist.init_process_group("nccl" if nccl else "gloo")
+    if not nccl:  # gloo copies what it sends; hold its gathers to NCCL's rules, as GPUs will
+        for name in ("all_gather_single", "all_gather_into_tensor"):
+            if hasattr(dist, name):
+                setattr(dist, name, _as_nccl_would(getattr(dist, name)))
     model, opt, counted = _train()
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "counted": counted}
     torch.save(state, out / f"rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
+
+
+def _as_nccl_would(gather):
+    """`gather` refusing what ProcessGroupNCCL refuses (its check_gpu_single_tensor): an input or
+    output that is not contiguous, or of another dtype than the other."""
+
+    def checked(output, input, *args, **kwargs):
+        if not (output.is_contiguous() and input.is_contiguous()):
+            raise ValueError("Tensors must be contiguous (as NCCL requires)")
+        if output.dtype != input.dtype:
+            raise TypeError("output and input dtypes differ (NCCL requires one)")
+        return gather(output, input, *args, **kwargs)
+
+    return checked
 
 
 if __name__ == "__main__":
