@@ -229,8 +229,14 @@ def test_a_group_of_one_on_a_gpu_takes_the_gpu_in_use(monkeypatch):
     distributed.init(alone, torch.device("cuda"))  # not sharded: no group
     distributed.init(distributed.Dist(0, 0, 1, 1, launched=False), torch.device("cuda"), alone=True)  # nowhere to meet
     assert calls == []
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 2)
     with pytest.raises(TinyGPTError, match="would put every process on one GPU"):  # several processes: their own GPUs
         distributed.init(distributed.Dist(1, 1, 2, 2, launched=True), torch.device("cuda", 0))
+    # SLURM's --gpus-per-task=1: each task sees one GPU, its own, as cuda:0 whatever its local rank
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 1)
+    calls.clear()
+    distributed.init(distributed.Dist(1, 1, 2, 2, launched=True), torch.device("cuda", 0))
+    assert calls == [("set_device", "cuda:0"), ("nccl", "cuda:0")]
 
 
 @pytest.mark.slow

@@ -16,12 +16,29 @@ from gpt.runtime import devices
 
 @pytest.fixture
 def pretend_gpu(monkeypatch):
-    """torch believes in one CUDA device of the capability the test sets."""
+    """torch believes in a node of 8 CUDA devices of the capability the test sets."""
     capability = {"sm": (9, 0)}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["sm"])
     return capability
+
+
+def test_each_process_takes_its_own_gpu_the_one_of_its_local_rank_or_the_one_it_sees(pretend_gpu, monkeypatch):
+    """torchrun: every process sees the node's GPUs and takes its local rank's. SLURM with
+    --gpus-per-task=1: every task sees one GPU, its own, as cuda:0. More processes on a node than
+    GPUs they see: refused, saying how to launch."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert devices.pick_device("auto", local_rank=3)[0] == torch.device("cuda", 3)
+    assert devices.pick_device("cuda", local_rank=3)[0] == torch.device("cuda", 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert devices.pick_device("auto", local_rank=3)[0] == torch.device("cuda", 0)
+    assert devices.pick_device("cuda", local_rank=3)[0] == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(TinyGPTError, match=r"local rank 3 but sees 2 GPUs .*--nproc_per_node=<GPUs>.*--gpus-per-task=1") as e:
+        devices.pick_device("auto", local_rank=3)
+    assert "\n" not in str(e.value)
 
 
 def test_auto_on_a_cpu_machine_is_cpu_fp32_no_compile(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -42,11 +43,28 @@ def _mps_available() -> bool:
     return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
+def gpu_of(local_rank: int) -> int:
+    """The index, among the GPUs this process sees, of its own: its local rank where it sees the
+    node's GPUs (torchrun, one process per GPU), or 0 where it sees one, its own (SLURM's
+    --gpus-per-task=1 gives each task one GPU through CUDA_VISIBLE_DEVICES, which it sees as
+    cuda:0 whatever its local rank)."""
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return local_rank
+    if count == 1:
+        return 0
+    raise TinyGPTError(
+        f"this process is local rank {local_rank} but sees {count} GPUs (CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start at most one process per GPU of a node "
+        f"(torchrun --nproc_per_node=<GPUs>), or give each task a GPU of its own (SLURM: --gpus-per-task=1)"
+    )
+
+
 def pick_device(requested: str = "auto", local_rank: int | None = None) -> tuple[torch.device, str]:
-    """`local_rank` (under torchrun) picks this process's own GPU."""
+    """`local_rank` (under torchrun or SLURM) picks this process's own GPU (`gpu_of`)."""
     if requested == "auto":
         if torch.cuda.is_available():
-            dev = torch.device("cuda", local_rank) if local_rank is not None else torch.device("cuda")
+            dev = torch.device("cuda", gpu_of(local_rank)) if local_rank is not None else torch.device("cuda")
             return dev, f"device {dev} ({torch.cuda.get_device_name(dev)}), auto-detected"
         if _mps_available():
             return torch.device("mps"), "device mps (Apple GPU), auto-detected"
@@ -61,7 +79,8 @@ def pick_device(requested: str = "auto", local_rank: int | None = None) -> tuple
     if kind not in ("cpu", "cuda", "mps"):
         raise TinyGPTError(f"device={requested!r} is unknown; use auto, cpu, cuda, cuda:N or mps")
     if kind == "cuda" and local_rank is not None and not index:
-        return torch.device("cuda", local_rank), f"device cuda:{local_rank} (forced by config, GPU of local rank {local_rank})"
+        gpu = gpu_of(local_rank)
+        return torch.device("cuda", gpu), f"device cuda:{gpu} (forced by config, GPU of local rank {local_rank})"
     return torch.device(requested), f"device {requested} (forced by config)"
 
 

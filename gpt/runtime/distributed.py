@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gpt.errors import TinyGPTError
+from gpt.runtime import devices
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool 
     if device.type == "cuda":
         if device.index is None:  # alone: the GPU torch uses now
             device = torch.device("cuda", torch.cuda.current_device())
-        if d.enabled and device.index != d.local_rank:
+        if d.enabled and device.index != devices.gpu_of(d.local_rank):
             raise TinyGPTError(
                 f"device={device} under {d.world_size} processes would put every process on one GPU; use device=auto or device=cuda"
             )
