@@ -260,3 +260,25 @@ def test_sampling_from_a_checkpoint_imports_no_compiler_and_no_sharded_checkpoin
         for _ in range(12):
             idx = torch.cat([idx, model(idx)[0][:, -1:].argmax(-1)], dim=1)
     assert "ab" + "".join(CHARS[i] for i in idx[0, 2:].tolist()) in out.stdout
+
+
+def test_a_lora_model_of_shapes_only_merges_without_importing_the_compiler():
+    """A sharded LoRA checkpoint loads as shapes first (loading.model_from_checkpoint): its adapters
+    are folded away on the meta device with nothing computed, and torch._dynamo stays unimported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from gpt.model import GPT, GPTConfig, meta\n"
+        "from gpt.model.lora import apply_lora, merge_lora\n"
+        "with meta.building():\n"
+        "    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))\n"
+        "    apply_lora(model, 2, 4.0)\n"
+        "    merge_lora(model)\n"
+        "print(sorted(model.state_dict())[:2], all(t.is_meta for t in model.state_dict().values()), 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("True False"), out.stdout
+    assert "lora" not in out.stdout

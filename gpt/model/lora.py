@@ -27,6 +27,8 @@ class LoRALinear(nn.Module):
         return self.base(x) + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
 
     def merged(self) -> nn.Linear:
+        if self.base.weight.is_meta:  # shapes only: nothing to fold (and a meta matmul imports torch._dynamo)
+            return self.base
         with torch.no_grad():
             self.base.weight += (self.lora_B @ self.lora_A) * self.scale
         return self.base
