@@ -73,6 +73,33 @@ def sigterm_after_step_5(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str
     return proc.returncode, out, err
 
 
+# A sitecustomize for processes that run collectives on gloo (the CPU) in tests: what NCCL refuses
+# and gloo lets through is refused here too, so a GPU run's first step cannot be the first to
+# meet it. NCCL (ProcessGroupNCCL's check_gpu_single_tensor) refuses a non-contiguous tensor,
+# which gloo copies; checked for the tensors a collective is given directly (in lists, NCCL
+# copies the outputs of some collectives itself).
+NCCL_RULES = """
+import torch
+import torch.distributed as dist
+
+
+def _as_nccl_would(name, call):
+    def checked(*args, **kwargs):
+        for t in (*args, *kwargs.values()):
+            if isinstance(t, torch.Tensor) and not t.is_contiguous():
+                raise ValueError(f"{name}: Tensors must be contiguous (NCCL refuses what gloo copies)")
+        return call(*args, **kwargs)
+
+    return checked
+
+
+for name in ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all_gather_single",
+             "reduce_scatter_tensor", "scatter", "gather", "all_to_all_single"):
+    if hasattr(dist, name):
+        setattr(dist, name, _as_nccl_would(name, getattr(dist, name)))
+"""
+
+
 def hooked_pythonpath(folder: Path, source: str) -> str:
     """A PYTHONPATH for a subprocess that runs `source` as its sitecustomize module before
     anything else (to make a library fail the way a test needs), with the checkout's gpt."""

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gpt.checkpoints import checkpoint, runs
-from helpers import REPO, hooked_pythonpath, run_script, sigterm_after_step_5, worker_pids
+from helpers import NCCL_RULES, REPO, hooked_pythonpath, run_script, sigterm_after_step_5, worker_pids
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py")]
 
@@ -41,6 +41,7 @@ def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     work = tmp_path / "ddp"
     work.mkdir()
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = hooked_pythonpath(tmp_path / "nccl-rules", NCCL_RULES)  # DDP's gloo collectives as NCCL takes them
     ddp = subprocess.run(
         [*TORCHRUN, *common, "train.batch_size=4"], cwd=work, env=env, capture_output=True, text=True, timeout=300
     )

@@ -12,13 +12,14 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from gpt.checkpoints import checkpoint, loading, runs
 from gpt.config.model import RNNConfig
-from helpers import REPO, llama_folder, run_script, worker_pids
+from helpers import NCCL_RULES, REPO, hooked_pythonpath, llama_folder, run_script, worker_pids
 
 # fp32 training and Newton-Schulz: the comparison is of the sharding, not of bf16's rounding
 EXACT = ["dtype=float32", "device=cpu", "threads=1"]
@@ -28,7 +29,10 @@ SHAPES = {"gpt2-block": ["model=gpt-micro", *SMALL], "llama": ["model=llama-nano
 
 
 def _torchrun(n: int, args: list[str], cwd, root, **env_extra) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env_extra}
+    """`n` processes of train.py under torchrun, their collectives held to NCCL's rules (helpers.NCCL_RULES)."""
+    strict = hooked_pythonpath(Path(cwd) / ".nccl-rules", NCCL_RULES)
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": strict}
+    env.update(env_extra)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(REPO / "train.py")]
     return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
