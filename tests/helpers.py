@@ -77,7 +77,7 @@ def sigterm_after_step_5(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str
 # and gloo lets through is refused here too, so a GPU run's first step cannot be the first to
 # meet it. NCCL (ProcessGroupNCCL's check_gpu_single_tensor) refuses a non-contiguous tensor,
 # which gloo copies; checked for the tensors a collective is given directly (in lists, NCCL
-# copies the outputs of some collectives itself).
+# copies the outputs of some collectives itself); and tensors of two dtypes in one collective.
 NCCL_RULES = """
 import torch
 import torch.distributed as dist
@@ -85,9 +85,11 @@ import torch.distributed as dist
 
 def _as_nccl_would(name, call):
     def checked(*args, **kwargs):
-        for t in (*args, *kwargs.values()):
-            if isinstance(t, torch.Tensor) and not t.is_contiguous():
-                raise ValueError(f"{name}: Tensors must be contiguous (NCCL refuses what gloo copies)")
+        given = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        if not all(t.is_contiguous() for t in given):
+            raise ValueError(f"{name}: Tensors must be contiguous (NCCL refuses what gloo copies)")
+        if len({t.dtype for t in given}) > 1:
+            raise TypeError(f"{name}: tensors of two dtypes (NCCL takes one)")
         return call(*args, **kwargs)
 
     return checked

@@ -1,6 +1,7 @@
 """Models without memory of their own: a model built as shapes only (`building`), a model's
-weights dropped to shapes on the meta device (`to_meta`), or a model built on the meta device that takes a state dict's own tensors as its
-weights (`adopt`), with no values computed or copied first. Weight tying survives both, which
+weights dropped to shapes on the meta device (`to_meta`), or a model built on the meta device
+that takes a state dict's own tensors as its weights (`adopt`), with no values computed or
+copied first. Weight tying survives both, which
 torch's own moves do not (Module.to("meta") and load_state_dict(assign=True) give each module a
 parameter of its own)."""
 

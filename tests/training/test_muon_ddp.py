@@ -1,7 +1,7 @@
 """Muon under DDP: two CPU processes (torchrun, gloo) that hold the same parameters and gradients
 each run Newton-Schulz on their share of the matrices only, exchange the results (held to NCCL's
-rules for what it sends: gloo is laxer), and end with the parameters and the optimizer state of
-one process stepping alone.
+rules for what it sends, helpers.NCCL_RULES: gloo is laxer), and end with the parameters and the
+optimizer state of one process stepping alone.
 Run: pytest tests/training/test_muon_ddp.py (this file is also the workers' script:
 torchrun --nproc_per_node=2 tests/training/test_muon_ddp.py <out-dir>)."""
 
@@ -65,7 +65,10 @@ def _train() -> tuple[GPT, optim.Optimizers, list[int]]:
 
 
 def test_two_ranks_share_newton_schulz_and_step_like_one_process(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    from helpers import NCCL_RULES, hooked_pythonpath  # (here: the workers run this file without tests/ on their path)
+
+    # gloo copies what it sends; its collectives held to NCCL's rules, as GPUs will hold them
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": hooked_pythonpath(tmp_path / "nccl-rules", NCCL_RULES)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, str(tmp_path)]
     ddp = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
@@ -90,28 +93,10 @@ def _worker(out: Path) -> None:
     if nccl:
         torch.cuda.set_device(_device())
     dist.init_process_group("nccl" if nccl else "gloo")
-    if not nccl:  # gloo copies what it sends; hold its gathers to NCCL's rules, as GPUs will
-        for name in ("all_gather_single", "all_gather_into_tensor"):
-            if hasattr(dist, name):
-                setattr(dist, name, _as_nccl_would(getattr(dist, name)))
     model, opt, counted = _train()
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "counted": counted}
     torch.save(state, out / f"rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
-
-
-def _as_nccl_would(gather):
-    """`gather` refusing what ProcessGroupNCCL refuses (its check_gpu_single_tensor): an input or
-    output that is not contiguous, or of another dtype than the other."""
-
-    def checked(output, input, *args, **kwargs):
-        if not (output.is_contiguous() and input.is_contiguous()):
-            raise ValueError("Tensors must be contiguous (as NCCL requires)")
-        if output.dtype != input.dtype:
-            raise TypeError("output and input dtypes differ (NCCL requires one)")
-        return gather(output, input, *args, **kwargs)
-
-    return checked
 
 
 if __name__ == "__main__":
