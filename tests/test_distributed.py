@@ -219,6 +219,8 @@ def test_a_group_of_one_on_a_gpu_takes_the_gpu_in_use(monkeypatch):
         distributed.dist, "init_process_group", lambda backend, **kw: calls.append((backend, str(kw["device_id"])))
     )
     monkeypatch.setattr(distributed.dist, "new_group", lambda **kw: None)
+    monkeypatch.setattr(distributed, "meet", lambda d: None)  # no rendezvous store: the group's calls are recorded
+    monkeypatch.setattr(distributed, "_ours", False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # init sets them for env://: put back as they were afterwards
         monkeypatch.setenv(var, "0" if var != "WORLD_SIZE" else "1")
@@ -297,5 +299,103 @@ def test_a_mistake_rank_0_meets_alone_is_one_line_on_every_rank(tmp_path, data_r
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert out.count("error: splitting by documents needs at least 2 documents") == 1, out[-3000:]
-    assert "error: process 1 of 2 stopped because another process of this run exited" in out, out[-3000:]
+    # told by rank 0 through the rendezvous store (gpt.runtime.alarm), its reason with it
+    assert "error: process 1 of 2 stops because process 0 of 2 failed: splitting by documents" in out, out[-3000:]
     assert "[rank1]" not in out and "Error executing job" not in out, out[-3000:]
+
+
+def _srun(args: list[str], cwd, env: dict, timeout: float = 120) -> tuple[list[int], list[str], float]:
+    """`srun --ntasks=2 python train.py ...` without SLURM: two processes given SLURM's
+    per-task variables (gpt.runtime.distributed.from_env reads them) and nobody to kill a task's
+    peers when it fails (srun without --kill-on-bad-exit). Returns their exit statuses, their
+    output, and the seconds until both had ended."""
+    import time
+
+    from helpers import free_port
+
+    port, started = free_port(), time.monotonic()
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *args],
+            cwd=cwd,
+            env={
+                **env,
+                "SLURM_NTASKS": "2",
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank),
+                "SLURM_TASKS_PER_NODE": "2",
+                "SLURM_NODEID": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [task.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))[0] for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+    return [task.returncode for task in tasks], outputs, time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_under_srun_a_rank_0_refused_before_the_group_forms_stops_the_other_within_seconds(tmp_path, data_root):
+    """Rank 0 alone claims the run directory, before any process group exists, and another
+    process holds it: the other task, waiting to meet rank 0, stops within seconds, saying why
+    (it waited in the rendezvous until the collective timeout, 30 minutes; here 100 s, past the
+    test's limit). The directory's owner keeps its lock."""
+    from gpt.runtime.runlock import RunLock
+
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    owner = RunLock(run_dir)
+    owner.acquire()  # this test process: alive, so the lock is refused rather than taken over
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "TINYGPT_DIST_TIMEOUT_S": "100"}
+    try:
+        codes, (first, second), took = _srun(
+            ["debug=tiny", *data_overrides, "device=cpu", f"hydra.run.dir={run_dir}"], tmp_path, env, timeout=90
+        )
+        assert codes == [2, 1], first[-2000:] + second[-2000:]
+        assert f"error: {run_dir} is being trained by process {os.getpid()}" in first, first[-2000:]
+        assert f"error: process 1 of 2 stops because process 0 of 2 failed: {run_dir} is being trained" in second, second
+        assert took < 60, took
+        assert json.loads((run_dir / ".lock").read_text())["pid"] == os.getpid()
+    finally:
+        owner.release()
+
+
+@pytest.mark.slow
+def test_under_srun_a_rank_waiting_where_it_cannot_see_a_peer_fail_is_stopped(tmp_path, data_root):
+    """NCCL does not notice a peer that has gone: a rank waiting in a collective waits until its
+    timeout. Here rank 1's waits for rank 0 to prepare the data never return (patched through a
+    sitecustomize, as such a collective would behave), and rank 0 refuses the data: rank 1 is
+    stopped within seconds with rank 0's reason. And a healthy run under srun ends with status 0
+    on both tasks (no process is stopped when rank 0, the store's host, exits first)."""
+    root, data_overrides = data_root
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("one document and nothing else " * 200)
+    blind = hooked_pythonpath(
+        tmp_path / "hooks",
+        "import os, time\n"
+        "if os.environ.get('SLURM_PROCID') == '1':\n"
+        "    from gpt.runtime import distributed\n"
+        "    distributed.barrier = lambda d, patient=False: time.sleep(600)\n",
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": blind}
+    args = ["data=local", f"data.source.path={corpus}", "data.tokenizer.kind=char", "device=cpu"]
+    codes, (first, second), took = _srun([*args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path, env, timeout=90)
+    assert codes == [2, 1], first[-2000:] + second[-2000:]
+    assert "error: splitting by documents needs at least 2 documents" in first, first[-2000:]
+    assert "error: process 1 of 2 stops because process 0 of 2 failed: splitting by documents" in second, second[-2000:]
+    assert took < 60, took
+
+    env["PYTHONPATH"] = str(REPO)
+    good = tmp_path / "good"
+    args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=10", f"hydra.run.dir={good}"]
+    codes, (first, second), _ = _srun(args, tmp_path, env)
+    assert codes == [0, 0], first[-2000:] + second[-2000:]
+    assert "stops because" not in first + second and runs.latest(good) is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,32 @@ def test_the_wait_for_data_preparation_outlasts_the_collective_timeout(tmp_path,
         assert waited.startswith("failed"), waited
 
 
+def _program_with_its_own_group(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from gpt.runtime import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)  # the program's, made before tinygpt's API is called
+    d = distributed.Dist(rank, rank, 2, 2, launched=True)
+    distributed.init(d, torch.device("cpu"))
+    patient = distributed._patient_group is not None
+    distributed.barrier(d, patient=True)
+    distributed.shutdown()
+    kept = dist.is_initialized()
+    if kept:
+        dist.barrier()  # the program's group still works
+        dist.destroy_process_group()
+    Path(out, str(rank)).write_text(f"patient={patient} kept={kept}")
+
+
+def test_a_program_s_own_process_group_gets_the_patient_group_and_is_left_to_it(tmp_path):
+    """A program that made its process group before calling tinygpt: the wait for data
+    preparation still gets its patient group, and tinygpt's shutdown leaves the program's group."""
+    mp.start_processes(_program_with_its_own_group, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    assert [(tmp_path / str(r)).read_text() for r in (0, 1)] == ["patient=True kept=True"] * 2
+
+
 def test_ddp_neither_broadcasts_buffers_nor_copies_gradients(tmp_path):
     """The buffers are fixed tables equal on every rank (a broadcast before each forward would be a
     collective per step for nothing), and gradients live in DDP's buckets (no second copy)."""
@@ -57,8 +84,12 @@ def test_ddp_neither_broadcasts_buffers_nor_copies_gradients(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8, pos_encoding="rope"))
-        step_model, eval_model = _wrap(model, SimpleNamespace(compile=False, device=torch.device("cpu")), Dist(0, 0, 2, 2))
+        with warnings.catch_warnings(record=True) as said:  # the switch under the name torch asks for (2.13 renamed it)
+            warnings.simplefilter("always")
+            step_model, eval_model = _wrap(model, SimpleNamespace(compile=False, device=torch.device("cpu")), Dist(0, 0, 2, 2))
+        assert not [w for w in said if "broadcast_buffers" in str(w.message)], [str(w.message) for w in said]
         assert step_model.broadcast_buffers is False and step_model.gradient_as_bucket_view is True
+
         assert eval_model is model
     finally:
         dist.destroy_process_group()

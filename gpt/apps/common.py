@@ -18,7 +18,8 @@ from typing import NoReturn, TypeVar
 from hydra.errors import CompactHydraException
 
 from gpt.config import MuonSettings, expected_type, register_schemas
-from gpt.errors import TinyGPTError
+from gpt.errors import TinyGPTError, one_line
+from gpt.runtime import alarm
 from gpt.runtime.preemption import Preempted
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ def config_dir() -> Path:
 
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
+    alarm.announce(message)  # a distributed run's other processes stop too, instead of waiting for this one
     sys.exit(2)
 
 
@@ -55,9 +57,11 @@ def guard(fn: Callable[[], T]) -> T:
         sys.exit(0)
     except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a traceback
         print("interrupted", file=sys.stderr)
+        alarm.announce("it was interrupted")
         sys.exit(130)
     except RuntimeError as e:
         if not _left_alone(e):
+            alarm.announce(one_line(e))
             raise
         line = (str(e).strip().splitlines() or [""])[0]
         reason = (line.split("] ", 1)[-1] if line.startswith("[") else line).split(". ")[0]  # gloo's source path, advice
@@ -65,6 +69,9 @@ def guard(fn: Callable[[], T]) -> T:
             f"process {rank()} of {world_size()} stopped because another process of this run exited ({reason}): "
             f"its error line, or its exit status in the launcher's summary, says why"
         )
+    except Exception as e:  # a bug: its traceback follows, and the other processes stop too
+        alarm.announce(one_line(e))
+        raise
 
 
 # How gloo reports a process that has gone (NCCL's watchdog aborts instead). Not "Connection

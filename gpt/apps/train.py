@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
         preemption.defer_until_the_run_listens()
+        common.guard(_meet)  # before rank 0 alone claims the run directory: its failure there reaches the others too
     argv = sys.argv[1:] if argv is None else list(argv)
     start = None
     multirun = any(a in ("-m", "--multirun") for a in argv)
@@ -42,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
             start = common.guard(lambda: claim_run_dir(overrides))
             argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
     _hydra_main([*argv, *quiet_non_zero_ranks()], start)
+
+
+def _meet() -> None:
+    from gpt.runtime import distributed
+
+    distributed.meet(distributed.from_env())
 
 
 @dataclass

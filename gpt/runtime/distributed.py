@@ -81,6 +81,37 @@ def _collective_timeout() -> timedelta:
 # (host-side, outside NCCL's watchdog) with this much patience.
 PREPARATION_TIMEOUT = timedelta(days=2)
 _patient_group = None
+_ours = False  # whether the process group is ours to destroy (a program may have made its own)
+_store = None  # the job's rendezvous store, joined once a process (`meet`)
+_groups = 0  # process groups made over it so far (each under a prefix of its own)
+
+
+def meet(d: Dist) -> None:
+    """Join the job's rendezvous store (once a process; hosted by rank 0, or by torchrun's agent)
+    and listen there for another process's failure (gpt.runtime.alarm). Called as a run starts,
+    before rank 0 alone claims its directory: a process that fails before the process group forms
+    tells the others too. Nothing to do alone, or where the program made its own group."""
+    global _store
+    if not d.enabled or _store is not None or dist.is_initialized():
+        return
+    _require_a_meeting_place(d)
+    from gpt.runtime import alarm
+
+    timeout = _collective_timeout()
+    store, _, _ = next(dist.rendezvous("env://", rank=d.rank, world_size=d.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    # keys of this attempt's own: torchrun --max-restarts starts the processes again, and an earlier
+    # attempt's failure must not stop them
+    _store = dist.PrefixStore(f"tinygpt/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    alarm.listen(_store, d.rank, d.world_size)
+
+
+def _require_a_meeting_place(d: Dist) -> None:
+    if "MASTER_ADDR" not in os.environ:
+        raise TinyGPTError(
+            f"{d.world_size} processes but no MASTER_ADDR / MASTER_PORT to meet at; launch with torchrun, or export them "
+            f"(under SLURM: MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), MASTER_PORT=29500)"
+        )
 
 
 def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool = False) -> None:
@@ -88,13 +119,20 @@ def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool 
     shards, their gradients and the optimizer in host memory): gloo for those, NCCL for the GPU's.
     `alone`: a group of one process too, when the launcher started one (FSDP2 shards over a group,
     and on one GPU its CPU offload is what lets a larger model train)."""
-    if not (d.enabled or (alone and d.launched)) or dist.is_initialized():
+    global _patient_group, _ours, _groups
+    if not (d.enabled or (alone and d.launched)):
         return
-    if "MASTER_ADDR" not in os.environ:
-        raise TinyGPTError(
-            f"{d.world_size} processes but no MASTER_ADDR / MASTER_PORT to meet at; launch with torchrun, or export them "
-            f"(under SLURM: MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1), MASTER_PORT=29500)"
-        )
+    if dist.is_initialized():  # the program's own group: ours is only the patient one beside it
+        if _patient_group is None and dist.get_world_size() > 1:
+            _patient_group = dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
+        return
+    _require_a_meeting_place(d)
+    meet(d)
+    # Each group made over the store gets keys of its own: a sweep's jobs make one each, in the same processes.
+    where = {}
+    if _store is not None:
+        _groups += 1
+        where = {"store": dist.PrefixStore(f"tinygpt/group{_groups}", _store)}
     # RANK and WORLD_SIZE go to the rendezvous from `d` as well: ones already in the environment
     # may be stale (left by an earlier group in this process)
     os.environ.setdefault("RANK", str(d.rank))
@@ -109,20 +147,26 @@ def init(d: Dist, device: torch.device, host_tensors: bool = False, alone: bool 
             )
         torch.cuda.set_device(device)
         backend = "cuda:nccl,cpu:gloo" if host_tensors else "nccl"
-        dist.init_process_group(backend, device_id=device, timeout=_collective_timeout(), rank=d.rank, world_size=d.world_size)
+        dist.init_process_group(
+            backend, device_id=device, timeout=_collective_timeout(), rank=d.rank, world_size=d.world_size, **where
+        )
     elif device.type == "cpu":
-        dist.init_process_group("gloo", timeout=_collective_timeout(), rank=d.rank, world_size=d.world_size)
+        dist.init_process_group("gloo", timeout=_collective_timeout(), rank=d.rank, world_size=d.world_size, **where)
     else:
         raise TinyGPTError(f"distributed training on {device.type} is not supported; use CUDA GPUs or device=cpu")
-    global _patient_group
+    _ours = True
     _patient_group = dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
 
 
 def shutdown() -> None:
-    global _patient_group
-    if dist.is_initialized():
+    """Destroy the process group tinygpt made (a program's own group stays; only the patient
+    group beside it goes). The rendezvous store and its listener stay for the process's next run."""
+    global _patient_group, _ours
+    if _ours and dist.is_initialized():
         dist.destroy_process_group()
-    _patient_group = None
+    elif _patient_group is not None and dist.is_initialized():
+        dist.destroy_process_group(_patient_group)
+    _patient_group, _ours = None, False
 
 
 def mean(t: torch.Tensor, d: Dist) -> torch.Tensor:

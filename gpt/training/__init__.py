@@ -26,9 +26,9 @@ import torch
 
 from gpt.checkpoints import runs
 from gpt.config import RunConfig
-from gpt.errors import RunRefused, TinyGPTError, out_of_memory
-from gpt.runtime import devices, distributed
-from gpt.runtime.preemption import StopRequest
+from gpt.errors import RunRefused, TinyGPTError, one_line, out_of_memory
+from gpt.runtime import alarm, devices, distributed
+from gpt.runtime.preemption import Preempted, StopRequest
 from gpt.tracking import logger
 from gpt.tracking.records import record_failure
 from gpt.training.loop import EvalHook, StepHook, Trainer
@@ -57,6 +57,7 @@ def train(
     stop = StopRequest(log=logger.warning if dist.is_main else (lambda *a: None), deferred=dist.enabled)
     stop.__enter__()
     try:
+        distributed.meet(dist)  # before rank 0 alone claims the directory: a failure there reaches the others too
         try:
             if claimed is None and dist.is_main:  # one writer per run directory
                 out = cfg.paths.output_dir
@@ -74,6 +75,11 @@ def train(
                 record_failure(Path(cfg.paths.output_dir), str(refusal), overrides=list(overrides))
             raise RunRefused(str(refusal)) from None
         return Trainer(run, overrides, started).fit(on_step, on_eval, stop=stop)
+    except Preempted:  # every rank stopped at one step: nothing to tell the others
+        raise
+    except BaseException as e:  # the other processes stop now instead of waiting for this one (gpt.runtime.alarm)
+        alarm.announce(one_line(e))
+        raise
     finally:
         stop.__exit__(None, None, None)
         if claimed is not None:

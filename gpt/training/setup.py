@@ -12,6 +12,7 @@ settings of the `Run` it returns.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -392,7 +393,8 @@ def _wrap(model: nn.Module, rt: devices.Runtime, dist: distributed.Dist) -> tupl
         return compiled, compiled
     device_ids = [rt.device.index] if rt.device.type == "cuda" else None
     # No buffer broadcast: the model's buffers are fixed tables (RoPE, sinusoids) equal on every
-    # rank, and broadcasting them before every forward costs a collective per step. Gradients as
-    # views into DDP's buckets: no second gradient-sized copy.
-    wrapped = DDP(compiled, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True)
+    # rank, and broadcasting them before every forward costs a collective per step (2.13 renamed
+    # the switch, warning at the old name). Gradients in DDP's buckets: no second copy of them.
+    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    wrapped = DDP(compiled, device_ids=device_ids, gradient_as_bucket_view=True, **{no_sync: False})
     return wrapped, compiled
