@@ -136,6 +136,7 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
     import json
 
     import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from gpt.model import GPT, GPTConfig, meta
@@ -170,11 +171,31 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
             else sharding.local(p).numel() == 0
             for name, p in model.state_dict().items()
         )
+        # an optimizer state tensor of a whole checkpoint, cut like its parameter: the same pieces, copied
+        state = {name: t * 2 + 1 for name, t in reference.state_dict().items()}
+        cuts = {name: sharding.shard_like(state[name], p) for name, p in model.state_dict().items()}
+        cut_match = all(
+            isinstance(c, DTensor)
+            and c.placements == p.placements
+            and torch.equal(
+                c.to_local(), state[name].chunk(world)[rank] if rank < len(state[name].chunk(world)) else c.to_local()
+            )
+            and c.to_local().numel() == sharding.local(p).numel()
+            and c.to_local().untyped_storage().data_ptr() != state[name].untyped_storage().data_ptr()
+            for (name, c), p in zip(cuts.items(), model.state_dict().values())
+        )
         shapes = [t.shape for t in reference.state_dict().values()]
         piece = max(-(-s[0] // world) * (s.numel() // s[0]) for s in shapes)  # the largest of torch.chunk's pieces
         with open(f"{out}.{rank}", "w") as f:
             json.dump(
-                {"rows_match": rows_match, "largest": largest[0], "piece": piece, "whole": max(s.numel() for s in shapes)}, f
+                {
+                    "rows_match": rows_match,
+                    "cut_match": cut_match,
+                    "largest": largest[0],
+                    "piece": piece,
+                    "whole": max(s.numel() for s in shapes),
+                },
+                f,
             )
     finally:
         dist.destroy_process_group()
@@ -193,6 +214,7 @@ def test_load_from_rank_0_sends_each_process_its_rows_only(tmp_path, world):
     mp.spawn(_load_sharded, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
     got = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(world)]
     assert all(g["rows_match"] for g in got)
+    assert all(g["cut_match"] for g in got)  # shard_like cuts a whole tensor into the same pieces
     assert all(0 < g["largest"] <= g["piece"] < g["whole"] for g in got[1:]), got  # the recorder saw their pieces, no more
 
 

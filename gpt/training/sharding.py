@@ -204,12 +204,17 @@ def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     shard is copied: `value` may be mapped from the checkpoint file, and a shard left as a view
     would keep the whole tensor alive."""
     if isinstance(param, DTensor) and not isinstance(value, DTensor) and value.shape == param.shape:
-        # src_data_rank=None: every process holds the whole tensor already, so each slices its own
-        # part locally instead of receiving it from rank 0
-        cut = distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
-        return DTensor.from_local(
-            cut.to_local().clone(), param.device_mesh, param.placements, shape=param.shape, stride=cut.stride()
-        )
+        # Every process holds the whole tensor already: each slices its own part where the tensor
+        # lies and moves only that to the shard's device. (distribute_tensor would first move the
+        # whole tensor to the mesh's device: the GPU, even where cpu_offload keeps the shards in host memory.)
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        sizes, offsets = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        part = value
+        for dim, (size, offset) in enumerate(zip(sizes, offsets)):
+            part = part.narrow(dim, offset, size)
+        own = torch.empty(part.shape, dtype=part.dtype, device=param.to_local().device).copy_(part)
+        return DTensor.from_local(own, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
     if isinstance(value, DTensor) and value.placements == getattr(param, "placements", None):
         return value  # read from a sharded checkpoint into a fresh tensor cut like `param` (load_targets): its own already
     return value.clone()
