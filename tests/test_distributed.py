@@ -302,6 +302,8 @@ def test_a_mistake_rank_0_meets_alone_is_one_line_on_every_rank(tmp_path, data_r
     # told by rank 0 through the rendezvous store (gpt.runtime.alarm), its reason with it
     assert "error: process 1 of 2 stops because process 0 of 2 failed: splitting by documents" in out, out[-3000:]
     assert "[rank1]" not in out and "Error executing job" not in out, out[-3000:]
+    # the failed process exits first, so that torchrun's summary names it (not the one it left alone)
+    assert "rank      : 0 (local_rank: 0)" in out.split("Root Cause")[-1].split("=====")[0], out[-3000:]
 
 
 def _srun(args: list[str], cwd, env: dict, timeout: float = 120) -> tuple[list[int], list[str], float]:
@@ -366,6 +368,39 @@ def test_under_srun_a_rank_0_refused_before_the_group_forms_stops_the_other_with
         assert json.loads((run_dir / ".lock").read_text())["pid"] == os.getpid()
     finally:
         owner.release()
+
+
+@pytest.mark.slow
+def test_under_srun_rank_0_stopped_for_another_s_failure_records_it_and_frees_the_run(tmp_path, data_root):
+    """Rank 1 crashes at its sixth step while rank 0's step waits for it and never returns (as
+    NCCL's all-reduce would): rank 0 is stopped within seconds, and before it goes, the run's
+    summary says `failed` with rank 1's reason and the run directory's lock is released, so
+    that a rerun can resume it at once."""
+    root, data_overrides = data_root
+    hooks = hooked_pythonpath(
+        tmp_path / "hooks",
+        "import os, time\n"
+        "from gpt.training import step\n"
+        "real, calls = step.train_step, [0]\n"
+        "def train_step(*args, **kwargs):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 6 and os.environ['SLURM_PROCID'] == '1':\n"
+        "        raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
+        "    if calls[0] == 6:\n"
+        "        time.sleep(600)\n"
+        "    return real(*args, **kwargs)\n"
+        "step.train_step = train_step\n",
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
+    run_dir = tmp_path / "run"
+    args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=30", f"hydra.run.dir={run_dir}"]
+    codes, (first, second), took = _srun(args, tmp_path, env, timeout=90)
+    assert codes == [1, 1], first[-2000:] + second[-2000:]
+    assert "error: process 0 of 2 stops because process 1 of 2 failed: RuntimeError: CUDA error" in first, first[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "process 1 of 2 failed: RuntimeError: CUDA error" in summary["error"], summary
+    assert not (run_dir / ".lock").exists()
+    assert took < 60, took
 
 
 @pytest.mark.slow

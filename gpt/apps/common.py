@@ -63,6 +63,9 @@ def guard(fn: Callable[[], T]) -> T:
         if not _left_alone(e):
             alarm.announce(one_line(e))
             raise
+        told = alarm.news(wait_s=alarm.GRACE_S)  # the other process's own reason (gpt.runtime.alarm)
+        if told is not None:
+            fail(f"process {rank()} of {world_size()} stops because {told}")
         line = (str(e).strip().splitlines() or [""])[0]
         reason = (line.split("] ", 1)[-1] if line.startswith("[") else line).split(". ")[0]  # gloo's source path, advice
         fail(

@@ -24,12 +24,13 @@ _COMMAND = "tinygpt train"
 def main(argv: list[str] | None = None) -> None:
     from gpt.runtime import preemption
 
-    if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
-        preemption.defer_until_the_run_listens()
-        common.guard(_meet)  # before rank 0 alone claims the run directory: its failure there reaches the others too
     argv = sys.argv[1:] if argv is None else list(argv)
     start = None
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
+        preemption.defer_until_the_run_listens()
+        if not multirun:  # (a sweep's driver, inside an allocation, meets no one: its jobs meet in train())
+            common.guard(_meet)  # before rank 0 alone claims the run directory: its failure there reaches the others too
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     own = [a for a in overrides if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
     if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):

@@ -11,38 +11,52 @@ torch.distributed has no such signal between processes (its error propagation co
 errors, not an exception in the program).
 
 A listener that hears of a failure first gives its own process a moment to fail by itself (the
-same mistake met by every rank, or the collective that told every rank rank 0 could not save):
-that process says its own error. Only a process still waiting is ended, with `os._exit`: it is
-blocked inside a collective, where no Python exception can reach it, and it writes nothing a
-stop would break (a checkpoint appears whole or not at all, gpt.checkpoints).
+same mistake met by every rank, a collective that fails on its own, or torchrun's agent stopping
+it): then that process ends as it would have, saying its own error, and the first process to
+exit is the one that failed (the one torchrun names as the root cause). Only a process still
+waiting after that is ended, with `os._exit`: it is blocked inside a collective, where no Python
+exception can reach it. Before that its `last_words` run (rank 0: the run's summary says
+`failed`, its directory's lock is released); checkpoints need nothing, as one appears whole or
+not at all (gpt.checkpoints).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
-FAILED = "tinygpt/failed"  # the first failing process's reason: later ones (its consequences) are not kept
-LEFT = "tinygpt/left"  # how many processes have failed or heard of a failure
+FAILED = "failed"  # the first failing process's reason: later ones (its consequences) are not kept
 POLL_S = 1.0  # how often a listener reads the store
-GRACE_S = 3.0  # how long a listener leaves its process to fail by itself
-HEARING_S = 30.0  # the longest a failing process waits for the others to hear (one may still be starting)
+GRACE_S = 3.0  # how long a listener leaves its process to fail, or be stopped, by itself
+HEARING_S = 30.0  # the longest the store's host waits, as it exits, for the others to hear
+LAST_WORDS_S = 5.0  # the longest a stopped process spends on its last words
+EXIT_S = 2.0  # time enough for a failed process to exit (`news`)
 
 _listener: Listener | None = None
+_leaving = threading.Lock()  # a process leaves once: by failing (`announce`) or by being stopped (`Listener`)
+_last_words: list[Callable[[str], None]] = []
+
+
+def _heard(rank: int) -> str:
+    return f"heard/{rank}"
 
 
 class Listener(threading.Thread):
-    """Reads the store every POLL_S until this process fails (`announce`) or exits."""
+    """Reads the store every POLL_S until this process fails (`announce`) or exits. `hosting`:
+    the store lives in this process (rank 0, launched without torchrun's agent)."""
 
-    def __init__(self, store, rank: int, world_size: int):
+    def __init__(self, store, rank: int, world_size: int, hosting: bool):
         super().__init__(name="tinygpt-alarm", daemon=True)
         # A connection of its own: a store's connection serves one request at a time, and the
         # main thread's may be held for minutes by a wait (for a process group's peers to meet).
-        self.store, self.rank, self.world_size = store.clone(), rank, world_size
-        self.leaving = threading.Event()  # set when this process fails by itself: nothing more to do
+        self.shared, self.store = store, store.clone()
+        self.rank, self.world_size, self.hosting = rank, world_size, hosting
+        self.leaving = threading.Event()  # set when this process leaves by itself: nothing more to do
 
     def run(self) -> None:
         while not self.leaving.wait(POLL_S):
@@ -50,51 +64,101 @@ class Listener(threading.Thread):
                 if not self.store.check([FAILED]):
                     continue
                 reason = self.store.get(FAILED).decode()
-            except Exception:  # noqa: BLE001 - the store's host has ended (at a run's end, or failed): not ours to judge
-                continue
-            if self.leaving.wait(GRACE_S):  # this process failed by itself meanwhile and says its own error
+            except Exception:  # noqa: BLE001 - the store's host has gone (its run ended, or it failed): nothing more will come
+                return
+            if self.leaving.wait(GRACE_S):  # this process left by itself meanwhile
                 return
             self._end(reason)
 
     def _end(self, reason: str) -> None:
-        try:
-            self.store.add(LEFT, 1)
-        except Exception:  # noqa: BLE001 - the failing process may be gone already
-            pass
+        with _leaving:
+            if self.leaving.is_set():
+                return
+            self.leaving.set()
+        with contextlib.suppress(Exception):
+            self.store.set(_heard(self.rank), "1")
         print(f"error: process {self.rank} of {self.world_size} stops because {reason}", file=sys.stderr, flush=True)
+        words = threading.Thread(target=_say_last_words, args=(reason,), daemon=True)
+        words.start()
+        words.join(LAST_WORDS_S)  # a hung filesystem must not keep the process
         os._exit(1)
 
 
-def listen(store, rank: int, world_size: int) -> None:
+def _say_last_words(reason: str) -> None:
+    for words in reversed(_last_words):
+        with contextlib.suppress(Exception):
+            words(reason)
+
+
+@contextlib.contextmanager
+def last_words(words: Callable[[str], None]):
+    """Inside, `words(reason)` runs if a listener ends this process (see the module's docstring)."""
+    _last_words.append(words)
+    try:
+        yield
+    finally:
+        _last_words.remove(words)
+
+
+def listen(store, rank: int, world_size: int, hosting: bool) -> None:
     """Start this process's listener (once)."""
     global _listener
     if _listener is None:
-        _listener = Listener(store, rank, world_size)
+        _listener = Listener(store, rank, world_size, hosting)
         _listener.start()
         atexit.register(stop)
 
 
 def announce(reason: str) -> None:
-    """This process fails with `reason`: tell the others, and return once each has heard (or
-    failed too), at most HEARING_S later, so that a store this process hosts (rank 0's, under
-    srun) outlives the news. A no-op outside a distributed run."""
+    """This process fails with `reason`: tell the others. A no-op outside a distributed run.
+    The store's host, as it exits, waits until each has heard (or failed too), at most HEARING_S:
+    the store ends with it."""
     listener = _listener
-    if listener is None or listener.leaving.is_set():
+    if listener is None:
         return
-    listener.leaving.set()
-    store, rank, size = listener.store, listener.rank, listener.world_size
+    with _leaving:
+        if listener.leaving.is_set():
+            return
+        listener.leaving.set()
+    store = listener.shared
     try:
-        store.compare_set(FAILED, "", f"process {rank} of {size} failed: {reason}")
-        left, deadline = store.add(LEFT, 1), time.monotonic() + HEARING_S
-        while left < size and time.monotonic() < deadline:
-            time.sleep(0.1)
-            left = store.add(LEFT, 0)
+        store.compare_set(FAILED, "", f"process {listener.rank} of {listener.world_size} failed: {reason}")
+        store.set(_heard(listener.rank), "1")
     except Exception:  # noqa: BLE001 - the store is gone (its host failed too): nobody is left to tell
         return
+    if listener.hosting:
+        atexit.register(_wait_for_the_others, store, listener.world_size)
+
+
+def news(wait_s: float) -> str | None:
+    """The failure another process announced ("process 0 of 8 failed: ..."), waiting up to
+    `wait_s` for it: for a process whose collective failed because a peer has gone. Then it
+    waits a moment more, so that the failed process exits first: torchrun's agent names the first
+    process to exit as the failure's root cause. None without news (or outside a distributed run)."""
+    listener, deadline = _listener, time.monotonic() + wait_s
+    if listener is None:
+        return None
+    try:
+        while not listener.shared.check([FAILED]):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+        reason = listener.shared.get(FAILED).decode()
+    except Exception:  # noqa: BLE001 - the store's host has gone
+        return None
+    time.sleep(EXIT_S)
+    return reason
+
+
+def _wait_for_the_others(store, world_size: int) -> None:
+    everyone, deadline = [_heard(rank) for rank in range(world_size)], time.monotonic() + HEARING_S
+    with contextlib.suppress(Exception):
+        while not store.check(everyone) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def stop() -> None:
-    """End the listener (the process is exiting normally)."""
+    """End the listener (the process is exiting)."""
     global _listener
     if _listener is not None:
         _listener.leaving.set()

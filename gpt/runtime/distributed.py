@@ -103,7 +103,8 @@ def meet(d: Dist) -> None:
     # keys of this attempt's own: torchrun --max-restarts starts the processes again, and an earlier
     # attempt's failure must not stop them
     _store = dist.PrefixStore(f"tinygpt/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-    alarm.listen(_store, d.rank, d.world_size)
+    hosting = d.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"  # else torchrun's agent hosts it
+    alarm.listen(_store, d.rank, d.world_size, hosting)
 
 
 def _require_a_meeting_place(d: Dist) -> None:

@@ -56,6 +56,14 @@ def train(
     # check (gpt.runtime.preemption).
     stop = StopRequest(log=logger.warning if dist.is_main else (lambda *a: None), deferred=dist.enabled)
     stop.__enter__()
+
+    def last_words(reason: str) -> None:  # another process failed and this one is ended (gpt.runtime.alarm)
+        if claimed is not None:
+            _record_failure(cfg, dist, reason, overrides)
+            claimed.release()
+
+    words = alarm.last_words(last_words)
+    words.__enter__()
     try:
         distributed.meet(dist)  # before rank 0 alone claims the directory: a failure there reaches the others too
         try:
@@ -71,16 +79,16 @@ def train(
             refusal = e if isinstance(e, TinyGPTError) else out_of_memory(e)
             if refusal is None:
                 raise
-            if cfg.paths.output_dir and dist.is_main:
-                record_failure(Path(cfg.paths.output_dir), str(refusal), overrides=list(overrides))
+            _record_failure(cfg, dist, str(refusal), overrides)
             raise RunRefused(str(refusal)) from None
         return Trainer(run, overrides, started).fit(on_step, on_eval, stop=stop)
     except Preempted:  # every rank stopped at one step: nothing to tell the others
         raise
     except BaseException as e:  # the other processes stop now instead of waiting for this one (gpt.runtime.alarm)
-        alarm.announce(one_line(e))
+        alarm.announce(one_line(out_of_memory(e) or e))
         raise
     finally:
+        words.__exit__(None, None, None)
         stop.__exit__(None, None, None)
         if claimed is not None:
             claimed.release()
@@ -91,3 +99,8 @@ def train(
         if "torch._dynamo" in sys.modules:  # (importing it only to reset it would cost a second)
             torch.compiler.reset()
         devices.free_memory()
+
+
+def _record_failure(cfg: RunConfig, dist: distributed.Dist, reason: str, overrides) -> None:
+    if cfg.paths.output_dir and dist.is_main:
+        record_failure(Path(cfg.paths.output_dir), reason, overrides=list(overrides))

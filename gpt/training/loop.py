@@ -22,7 +22,7 @@ from gpt.errors import TinyGPTError, one_line, out_of_memory
 from gpt.evals.tasks import evaluate_task, metric_names
 from gpt.generation import generate
 from gpt.model import compute, registry
-from gpt.runtime import devices, distributed
+from gpt.runtime import alarm, devices, distributed
 from gpt.runtime.preemption import Preempted, StopRequest
 from gpt.tracking import console_redirected, logger
 from gpt.tracking.records import RunRecords
@@ -159,6 +159,8 @@ class Trainer:
         bar = tqdm(
             total=self.ts.max_iters, initial=r.progress.step, unit="step", dynamic_ncols=True, leave=False, disable=not shown
         )
+        said = alarm.last_words(lambda reason: self.records.summary.update(status="failed", error=reason))  # see train()
+        said.__enter__()
         try:
             stop.deferred = True  # from here a signal is answered between steps, with a checkpoint
             with console_redirected(shown):
@@ -202,6 +204,7 @@ class Trainer:
                 raise oom from None
             raise
         finally:
+            said.__exit__(None, None, None)
             bar.close()
             self.records.close()
         if stopped:

@@ -394,7 +394,7 @@ def _wrap(model: nn.Module, rt: devices.Runtime, dist: distributed.Dist) -> tupl
     device_ids = [rt.device.index] if rt.device.type == "cuda" else None
     # No buffer broadcast: the model's buffers are fixed tables (RoPE, sinusoids) equal on every
     # rank, and broadcasting them before every forward costs a collective per step (2.13 renamed
-    # the switch, warning at the old name). Gradients in DDP's buckets: no second copy of them.
+    # the switch and broadcasts them once at the start). Gradients in DDP's buckets: no second copy.
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
     wrapped = DDP(compiled, device_ids=device_ids, gradient_as_bucket_view=True, **{no_sync: False})
     return wrapped, compiled
