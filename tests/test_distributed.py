@@ -371,11 +371,13 @@ def test_under_srun_a_rank_0_refused_before_the_group_forms_stops_the_other_with
 
 
 @pytest.mark.slow
-def test_under_srun_rank_0_stopped_for_another_s_failure_records_it_and_frees_the_run(tmp_path, data_root):
-    """Rank 1 crashes at its sixth step while rank 0's step waits for it and never returns (as
-    NCCL's all-reduce would): rank 0 is stopped within seconds, and before it goes, the run's
-    summary says `failed` with rank 1's reason and the run directory's lock is released, so
-    that a rerun can resume it at once."""
+@pytest.mark.parametrize("rank_0_sees", [False, True], ids=["rank-0-blind-as-under-nccl", "rank-0-sees-as-under-gloo"])
+def test_under_srun_another_rank_s_failure_is_rank_0_s_record_and_frees_the_run(tmp_path, data_root, rank_0_sees):
+    """Rank 1 crashes at its sixth step. Rank 0's step either never returns (as NCCL's
+    all-reduce would wait for a peer that has gone) or fails at once (gloo: "Connection closed by
+    peer"). Either way rank 0 ends within seconds in one line with rank 1's reason, its summary
+    says `failed` with that reason (not its own broken connection), and the run directory's lock
+    is released, so that a rerun can resume it at once."""
     root, data_overrides = data_root
     hooks = hooked_pythonpath(
         tmp_path / "hooks",
@@ -386,7 +388,7 @@ def test_under_srun_rank_0_stopped_for_another_s_failure_records_it_and_frees_th
         "    calls[0] += 1\n"
         "    if calls[0] == 6 and os.environ['SLURM_PROCID'] == '1':\n"
         "        raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
-        "    if calls[0] == 6:\n"
+        f"    if calls[0] == 6 and not {rank_0_sees}:\n"
         "        time.sleep(600)\n"
         "    return real(*args, **kwargs)\n"
         "step.train_step = train_step\n",
@@ -395,12 +397,36 @@ def test_under_srun_rank_0_stopped_for_another_s_failure_records_it_and_frees_th
     run_dir = tmp_path / "run"
     args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=30", f"hydra.run.dir={run_dir}"]
     codes, (first, second), took = _srun(args, tmp_path, env, timeout=90)
-    assert codes == [1, 1], first[-2000:] + second[-2000:]
+    assert codes == [2 if rank_0_sees else 1, 1], first[-2000:] + second[-2000:]
     assert "error: process 0 of 2 stops because process 1 of 2 failed: RuntimeError: CUDA error" in first, first[-2000:]
+    assert "Traceback" not in first, first[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "process 1 of 2 failed: RuntimeError: CUDA error" in summary["error"], summary
     assert not (run_dir / ".lock").exists()
     assert took < 60, took
+
+
+@pytest.mark.slow
+def test_under_srun_a_peer_killed_outright_stops_rank_0_promptly(tmp_path, data_root):
+    """Rank 1 is killed (SIGKILL, as by the kernel's OOM killer) while it reads the data: it
+    announces nothing, and rank 0, whose wait fails under gloo, ends in one line within seconds
+    (it waits a moment for news, and never for the dead process to hear)."""
+    root, data_overrides = data_root
+    hooks = hooked_pythonpath(
+        tmp_path / "hooks",
+        "import os, signal\n"
+        "if os.environ.get('SLURM_PROCID') == '1':\n"
+        "    from gpt.training import setup\n"
+        "    def killed(*args, **kwargs):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    setup._load_data = killed\n",
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
+    args = ["debug=tiny", *data_overrides, "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"]
+    codes, (first, _), took = _srun(args, tmp_path, env, timeout=90)
+    assert codes == [2, -9], first[-2000:]
+    assert "error: process 0 of 2 stopped because another process of this run exited" in first, first[-2000:]
+    assert took < 20, took
 
 
 @pytest.mark.slow

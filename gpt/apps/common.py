@@ -64,6 +64,7 @@ def guard(fn: Callable[[], T]) -> T:
             alarm.announce(one_line(e))
             raise
         told = alarm.news(wait_s=alarm.GRACE_S)  # the other process's own reason (gpt.runtime.alarm)
+        alarm.leave()
         if told is not None:
             fail(f"process {rank()} of {world_size()} stops because {told}")
         line = (str(e).strip().splitlines() or [""])[0]
@@ -77,22 +78,18 @@ def guard(fn: Callable[[], T]) -> T:
         raise
 
 
-# How gloo reports a process that has gone (NCCL's watchdog aborts instead). Not "Connection
-# refused": that is a rendezvous never reached (a wrong MASTER_ADDR), whose traceback says where.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
-
 def _left_alone(error: RuntimeError) -> bool:
     """Whether a collective failed because another process of a distributed run has exited (it
     met a user's mistake first and said so in one line): this one's traceback would bury that
-    line under fifty of torch.distributed's."""
+    line under fifty of torch's. The collective may be anywhere in torch (DDP's all-reduce fails
+    inside autograd's backward)."""
     frames = []
     tb = error.__traceback__
     while tb is not None:
         frames.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
-    in_collective = bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1]
-    return world_size() > 1 and in_collective and any(s in str(error) for s in _PEER_GONE)
+    in_torch = any(f"{os.sep}torch{os.sep}" in frame for frame in frames)
+    return world_size() > 1 and in_torch and alarm.peer_gone(error)
 
 
 def _log_to_files(message: str) -> list[str]:

@@ -85,7 +85,7 @@ class Listener(threading.Thread):
 
 
 def _say_last_words(reason: str) -> None:
-    for words in reversed(_last_words):
+    for words in list(_last_words):  # the outermost first: the run directory's lock is released before all else
         with contextlib.suppress(Exception):
             words(reason)
 
@@ -130,24 +130,51 @@ def announce(reason: str) -> None:
         atexit.register(_wait_for_the_others, store, listener.world_size)
 
 
+# How gloo reports a process that has gone (NCCL notices nothing: the listener is for that).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+_told: list[str] = []  # what `news` heard, once
+
+
+def peer_gone(error: BaseException) -> bool:
+    """Whether a collective failed because another process has gone (a consequence, not a
+    failure of this process's own to announce)."""
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in PEER_GONE)
+
+
 def news(wait_s: float) -> str | None:
     """The failure another process announced ("process 0 of 8 failed: ..."), waiting up to
-    `wait_s` for it: for a process whose collective failed because a peer has gone. Then it
-    waits a moment more, so that the failed process exits first: torchrun's agent names the first
-    process to exit as the failure's root cause. None without news (or outside a distributed run)."""
+    `wait_s` for it: for a process whose collective failed because a peer has gone. The first
+    time, it then waits a moment more, so that the failed process exits first: torchrun's agent
+    names the first process to exit as the failure's root cause. None without news (a peer
+    that died without a word), or outside a distributed run."""
     listener, deadline = _listener, time.monotonic() + wait_s
-    if listener is None:
-        return None
+    if listener is None or _told:
+        return _told[0] if _told else None
+    own = f"process {listener.rank} of "
     try:
-        while not listener.shared.check([FAILED]):
+        while not listener.shared.check([FAILED]) or listener.shared.get(FAILED).decode().startswith(own):
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.1)
-        reason = listener.shared.get(FAILED).decode()
+        _told.append(listener.shared.get(FAILED).decode())
     except Exception:  # noqa: BLE001 - the store's host has gone
         return None
     time.sleep(EXIT_S)
-    return reason
+    return _told[0]
+
+
+def leave() -> None:
+    """This process ends because another did (`peer_gone`): nothing of its own to announce, and
+    its listener has nothing more to do. The store's host is told it has heard."""
+    listener = _listener
+    if listener is None:
+        return
+    with _leaving:
+        if listener.leaving.is_set():
+            return
+        listener.leaving.set()
+    with contextlib.suppress(Exception):
+        listener.shared.set(_heard(listener.rank), "1")
 
 
 def _wait_for_the_others(store, world_size: int) -> None:

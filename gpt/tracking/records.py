@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -51,11 +52,15 @@ class RunSummary:
     def __init__(self, path: Path | None, **fixed):
         self.path = path
         self.data = {"status": "running", **fixed, "host": socket.gethostname(), "pid": os.getpid()}
+        # the training thread, and a distributed run's alarm ending this process (gpt.runtime.alarm),
+        # write through the same temporary file: one at a time
+        self._writing = threading.Lock()
 
     def update(self, **values) -> None:
-        self.data.update(values, heartbeat=time.time())
-        if self.path is not None:
-            io.write_json(self.path, self.data)
+        with self._writing:
+            self.data.update(values, heartbeat=time.time())
+            if self.path is not None:
+                io.write_json(self.path, self.data)
 
     def beat(self, **values) -> None:
         """`update`, at most once every BEAT_EVERY seconds (progress between evals)."""

@@ -59,8 +59,8 @@ def train(
 
     def last_words(reason: str) -> None:  # another process failed and this one is ended (gpt.runtime.alarm)
         if claimed is not None:
-            _record_failure(cfg, dist, reason, overrides)
             claimed.release()
+            _record_failure(cfg, dist, reason, overrides)
 
     words = alarm.last_words(last_words)
     words.__enter__()
@@ -84,8 +84,14 @@ def train(
         return Trainer(run, overrides, started).fit(on_step, on_eval, stop=stop)
     except Preempted:  # every rank stopped at one step: nothing to tell the others
         raise
-    except BaseException as e:  # the other processes stop now instead of waiting for this one (gpt.runtime.alarm)
-        alarm.announce(one_line(out_of_memory(e) or e))
+    except BaseException as e:
+        if alarm.peer_gone(e):  # another process failed first: its reason is the run's (gpt.runtime.alarm)
+            told = alarm.news(wait_s=alarm.GRACE_S)
+            if told is not None:
+                _record_failure(cfg, dist, told, overrides, replaces=one_line(e))
+            alarm.leave()
+        else:  # the other processes stop now instead of waiting for this one
+            alarm.announce(one_line(out_of_memory(e) or e))
         raise
     finally:
         words.__exit__(None, None, None)
@@ -101,6 +107,6 @@ def train(
         devices.free_memory()
 
 
-def _record_failure(cfg: RunConfig, dist: distributed.Dist, reason: str, overrides) -> None:
+def _record_failure(cfg: RunConfig, dist: distributed.Dist, reason: str, overrides, replaces: str | None = None) -> None:
     if cfg.paths.output_dir and dist.is_main:
-        record_failure(Path(cfg.paths.output_dir), reason, overrides=list(overrides))
+        record_failure(Path(cfg.paths.output_dir), reason, replaces=replaces, overrides=list(overrides))
