@@ -407,6 +407,30 @@ def test_under_srun_another_rank_s_failure_is_rank_0_s_record_and_frees_the_run(
 
 
 @pytest.mark.slow
+def test_under_srun_rank_0_failing_alone_after_the_others_finished_exits_promptly(tmp_path, data_root):
+    """Rank 0 fails in work of its own after the last collective (here its closing lines), when
+    rank 1 has finished and exited 0: rank 0, the store's host, does not wait for rank 1 to hear
+    (it said so as it exited)."""
+    root, data_overrides = data_root
+    hooks = hooked_pythonpath(
+        tmp_path / "hooks",
+        "import os\n"
+        "if os.environ.get('SLURM_PROCID') == '0':\n"
+        "    from gpt.errors import TinyGPTError\n"
+        "    from gpt.training import loop\n"
+        "    def done(self):\n"
+        "        raise TinyGPTError('could not write the closing lines')\n"
+        "    loop.Trainer._log_done = done\n",
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
+    args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=10", f"hydra.run.dir={tmp_path / 'run'}"]
+    codes, (first, second), took = _srun(args, tmp_path, env, timeout=90)
+    assert codes == [2, 0], first[-2000:] + second[-2000:]
+    assert "error: could not write the closing lines" in first, first[-2000:]
+    assert took < 20, took  # (30 s and more when rank 0 waited for rank 1 to hear)
+
+
+@pytest.mark.slow
 def test_under_srun_a_peer_killed_outright_stops_rank_0_promptly(tmp_path, data_root):
     """Rank 1 is killed (SIGKILL, as by the kernel's OOM killer) while it reads the data: it
     announces nothing, and rank 0, whose wait fails under gloo, ends in one line within seconds

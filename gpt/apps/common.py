@@ -81,15 +81,17 @@ def guard(fn: Callable[[], T]) -> T:
 def _left_alone(error: RuntimeError) -> bool:
     """Whether a collective failed because another process of a distributed run has exited (it
     met a user's mistake first and said so in one line): this one's traceback would bury that
-    line under fifty of torch's. The collective may be anywhere in torch (DDP's all-reduce fails
-    inside autograd's backward)."""
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    in_torch = any(f"{os.sep}torch{os.sep}" in frame for frame in frames)
-    return world_size() > 1 and in_torch and alarm.peer_gone(error)
+    line under fifty of torch's. Raised by torch's own code, in torch.distributed or elsewhere
+    (DDP's all-reduce fails inside autograd's backward); not by a hook or a model's forward that
+    torch called, which is the process's own error."""
+    torch = sys.modules.get("torch")
+    last = error.__traceback__
+    while last is not None and last.tb_next is not None:
+        last = last.tb_next
+    if torch is None or last is None or world_size() < 2:
+        return False
+    inside = Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(Path(torch.__file__).resolve().parent)
+    return inside and alarm.peer_gone(error)
 
 
 def _log_to_files(message: str) -> list[str]:

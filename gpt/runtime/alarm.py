@@ -57,6 +57,7 @@ class Listener(threading.Thread):
         self.shared, self.store = store, store.clone()
         self.rank, self.world_size, self.hosting = rank, world_size, hosting
         self.leaving = threading.Event()  # set when this process leaves by itself: nothing more to do
+        self.told: list[str | None] = []  # what `news` found, once
 
     def run(self) -> None:
         while not self.leaving.wait(POLL_S):
@@ -132,7 +133,6 @@ def announce(reason: str) -> None:
 
 # How gloo reports a process that has gone (NCCL notices nothing: the listener is for that).
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-_told: list[str] = []  # what `news` heard, once
 
 
 def peer_gone(error: BaseException) -> bool:
@@ -148,19 +148,23 @@ def news(wait_s: float) -> str | None:
     names the first process to exit as the failure's root cause. None without news (a peer
     that died without a word), or outside a distributed run."""
     listener, deadline = _listener, time.monotonic() + wait_s
-    if listener is None or _told:
-        return _told[0] if _told else None
-    own = f"process {listener.rank} of "
-    try:
-        while not listener.shared.check([FAILED]) or listener.shared.get(FAILED).decode().startswith(own):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.1)
-        _told.append(listener.shared.get(FAILED).decode())
-    except Exception:  # noqa: BLE001 - the store's host has gone
+    if listener is None:
         return None
-    time.sleep(EXIT_S)
-    return _told[0]
+    if listener.told:  # asked before: the answer stands (no second wait)
+        return listener.told[0]
+    own, reason = f"process {listener.rank} of ", None
+    try:
+        while time.monotonic() < deadline:
+            if listener.shared.check([FAILED]) and not (told := listener.shared.get(FAILED).decode()).startswith(own):
+                reason = told
+                break
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the store's host has gone
+        pass
+    listener.told.append(reason)
+    if reason is not None:
+        time.sleep(EXIT_S)
+    return reason
 
 
 def leave() -> None:
@@ -185,9 +189,12 @@ def _wait_for_the_others(store, world_size: int) -> None:
 
 
 def stop() -> None:
-    """End the listener (the process is exiting)."""
+    """End the listener (the process is exiting): the store's host, if it waits for the others
+    to hear of its own late failure, need not wait for this one."""
     global _listener
     if _listener is not None:
+        with contextlib.suppress(Exception):  # (the host may have ended already)
+            _listener.shared.set(_heard(_listener.rank), "1")
         _listener.leaving.set()
         _listener.join(timeout=POLL_S + 1)
         _listener = None

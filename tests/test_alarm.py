@@ -1,0 +1,80 @@
+"""gpt/runtime/alarm.py in one process, on a real TCPStore: what a process that was left alone
+hears (once), what it tells the store's host as it exits, and which errors count as a peer that
+left. The whole runs, with two processes started as SLURM and torchrun start them, are in
+tests/test_distributed.py.
+Run: pytest tests/test_alarm.py"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpt.apps import common
+from gpt.runtime import alarm
+from helpers import free_port
+
+
+@pytest.fixture
+def listening(monkeypatch):
+    """This process as rank 1 of 2, listening on a store it hosts itself; the listener thread is
+    sent away (`leave`) before any failure is written, so that it cannot end the test process."""
+    store = dist.TCPStore("127.0.0.1", free_port(), 2, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(alarm, "EXIT_S", 0.0)
+    alarm.listen(store, rank=1, world_size=2, hosting=False)
+    yield store
+    alarm.stop()
+
+
+def test_news_waits_once_and_skips_this_process_s_own_reason(listening):
+    alarm.leave()  # (the listener returns: a failure written below must not end this process)
+    listening.set(alarm.FAILED, "process 1 of 2 failed: its own")
+    started = time.monotonic()
+    assert alarm.news(wait_s=0.5) is None  # its own reason is no news
+    assert time.monotonic() - started >= 0.5
+    started = time.monotonic()
+    assert alarm.news(wait_s=5.0) is None  # asked before: no second wait
+    assert time.monotonic() - started < 0.2
+
+
+def test_news_brings_another_process_s_reason(listening):
+    alarm.leave()
+    listening.set(alarm.FAILED, "process 0 of 2 failed: data refused")
+    assert alarm.news(wait_s=2.0) == "process 0 of 2 failed: data refused"
+
+
+def test_a_process_that_exits_tells_the_host_it_need_not_wait_for_it(listening):
+    assert not listening.check(["heard/1"])
+    alarm.stop()
+    assert listening.check(["heard/1"])
+
+
+def _raised_in(filename: str, message: str) -> RuntimeError:
+    try:
+        exec(compile(f"raise RuntimeError({message!r})", filename, "exec"))
+    except RuntimeError as e:
+        return e
+    raise AssertionError("not raised")
+
+
+def test_only_torch_s_own_code_failing_on_a_gone_peer_counts_as_left_alone(monkeypatch):
+    """gloo's error from inside torch (a collective, or DDP's all-reduce in autograd) is the
+    other process's doing; the same words from a hook or a forward torch called are this
+    process's own error, which keeps its traceback."""
+    from pathlib import Path
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    inside = str(Path(torch.__file__).parent / "autograd" / "graph.py")
+    gone = "[pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+    assert common._left_alone(_raised_in(inside, gone))
+    layer = torch.nn.Linear(2, 2)  # a hook torch calls: torch's frames below it, the error its own
+    layer.register_forward_pre_hook(lambda module, args: exec(compile(f"raise RuntimeError({gone!r})", "hook.py", "exec")))
+    with pytest.raises(RuntimeError) as hooked:
+        layer(torch.zeros(1, 2))
+    assert not common._left_alone(hooked.value)
+    assert not common._left_alone(_raised_in(inside, "CUDA error: an illegal memory access was encountered"))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not common._left_alone(_raised_in(inside, gone))
