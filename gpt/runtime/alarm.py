@@ -71,11 +71,18 @@ class Listener(threading.Thread):
                 return
             self._end(reason)
 
-    def _end(self, reason: str) -> None:
+    def take_leave(self) -> bool:
+        """Whether this call is the one that makes the process leave (by failing, by hearing of
+        another's failure, or by being stopped): a process leaves once."""
         with _leaving:
             if self.leaving.is_set():
-                return
+                return False
             self.leaving.set()
+            return True
+
+    def _end(self, reason: str) -> None:
+        if not self.take_leave():
+            return
         with contextlib.suppress(Exception):
             self.store.set(_heard(self.rank), "1")
         print(f"error: process {self.rank} of {self.world_size} stops because {reason}", file=sys.stderr, flush=True)
@@ -115,12 +122,8 @@ def announce(reason: str) -> None:
     The store's host, as it exits, waits until each has heard (or failed too), at most HEARING_S:
     the store ends with it."""
     listener = _listener
-    if listener is None:
+    if listener is None or not listener.take_leave():
         return
-    with _leaving:
-        if listener.leaving.is_set():
-            return
-        listener.leaving.set()
     store = listener.shared
     try:
         store.compare_set(FAILED, "", f"process {listener.rank} of {listener.world_size} failed: {reason}")
@@ -171,12 +174,8 @@ def leave() -> None:
     """This process ends because another did (`peer_gone`): nothing of its own to announce, and
     its listener has nothing more to do. The store's host is told it has heard."""
     listener = _listener
-    if listener is None:
+    if listener is None or not listener.take_leave():
         return
-    with _leaving:
-        if listener.leaving.is_set():
-            return
-        listener.leaving.set()
     with contextlib.suppress(Exception):
         listener.shared.set(_heard(listener.rank), "1")
 
