@@ -9,7 +9,8 @@ gpt2 shape). Both decode the same prompts (--batches rows of 16 random token ids
 one length, so no padding; prompt + new tokens must fit the shape's context), cache on, fp32, on the
 CPU with the same threads, in one process, alternated A B A B (--repeats pairs); the figure is
 tokens/s of the new tokens, median of the repeats, prompt included in the time. Three tinygpt modes:
-`eager` (sample.py's default), `compiled` (sample.py compile=true:
+`eager` (sample.py's default, weights re-laid by gpt.generation.input_major as sample.py does on a
+CPU; --linear-layout keeps nn.Linear's layout, as before), `compiled` (sample.py compile=true:
 gpt.generation.compile_for_generation; its compile time is reported apart, and a warm inductor cache
 is what a second run of sample.py gets), and transformers `generate` (greedy: do_sample=False;
 sampled: temperature 1, top-k 50, both). Greedy output ids are compared token for token with
@@ -27,7 +28,7 @@ import torch
 
 from gpt.apps.common import compose
 from gpt.config import GPTConfig, SamplingSettings
-from gpt.generation import Decoder, compile_for_generation
+from gpt.generation import Decoder, compile_for_generation, input_major
 from gpt.interop import export
 from gpt.model import GPT, registry
 from gpt.tokenizers.byte import ByteTokenizer
@@ -74,6 +75,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     ap.add_argument("--no-compiled", action="store_true", help="leave out tinygpt's compiled decoding")
+    ap.add_argument(
+        "--linear-layout",
+        action="store_true",
+        help="eager decoding with nn.Linear's weight layout (before gpt.generation.input_major)",
+    )
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -88,6 +94,8 @@ def main() -> None:
         hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
         hf.generation_config.eos_token_id = None  # decode all new tokens, as tinygpt's Decoder does
         hf.generation_config.pad_token_id = 0
+        if not args.linear_layout:
+            input_major(model)  # as sample.py does for eager decoding on a CPU (after the export, which reads the weights)
         compiled = None
         if not args.no_compiled:
             compiled, _ = build(shape)

@@ -401,3 +401,12 @@ def worker_pids(launcher: subprocess.Popen) -> dict[int, int]:
         if "RANK" in env:
             found[int(env["RANK"])] = int(proc.name)
     return found
+
+
+def relaid(model) -> bool:
+    """Whether every nn.Linear weight of `model` is stored input-major (strides (1, out)), as
+    gpt.generation.input_major leaves it for decoding on a CPU."""
+    import torch
+
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return bool(linears) and all(w.stride() == (1, w.shape[0]) for w in linears)

@@ -34,6 +34,7 @@ def load_chat_model(s, status: TextIO | None = None):
     """(model on its device, tokenizer with the chat template, runtime) of the model `s` names;
     a model without the template is refused, saying how to give it one."""
     from gpt.checkpoints import loading
+    from gpt.generation import input_major
     from gpt.runtime import devices
 
     rt = devices.setup(s.device, s.dtype, False, threads=s.threads)
@@ -43,7 +44,9 @@ def load_chat_model(s, status: TextIO | None = None):
         raise TinyGPTError(no_template(loaded.source))
     if status is not None:
         print(f"chatting with {loaded.source} ({rt.describe()}); /clear starts again, /exit ends", file=status, flush=True)
-    return loaded.model.to(rt.device), tokenizer, rt
+    model = loaded.model.to(rt.device)
+    input_major(model)  # on a CPU, faster one-row products (gpt/generation/layout.py)
+    return model, tokenizer, rt
 
 
 def no_template(source: str) -> str:

@@ -108,6 +108,10 @@ def sample(
         from gpt.generation import compile_for_generation
 
         compile_for_generation(model)  # in place, so the decoder's forward calls run compiled
+    else:
+        from gpt.generation import input_major
+
+        input_major(model)  # on a CPU, faster one-row products (gpt/generation/layout.py)
     ckpt = loaded.checkpoint
     where = f"step {ckpt.step}, val loss {ckpt.best_val_loss:.4f}" if ckpt else "pretrained"
     _say(status, f"sampling from {loaded.source} ({where}; {rt.describe()})")

@@ -82,6 +82,7 @@ def serve(s: ServeConfig) -> None:
     except ImportError as e:
         raise TinyGPTError(f"tinygpt serve needs the serve extra ({e.name} is missing): pip install 'tinygpt[serve]'") from None
     from gpt.checkpoints import loading
+    from gpt.generation import input_major
     from gpt.runtime import devices
 
     api_key = s.api_key or os.environ.get("TINYGPT_API_KEY") or None
@@ -98,6 +99,7 @@ def serve(s: ServeConfig) -> None:
         if getattr(loaded.model, "recurrent", False):
             raise TinyGPTError(f"{source} is a recurrent model; tinygpt serve batches transformers only (use tinygpt sample)")
         model = loaded.model.to(rt.device)
+        input_major(model)  # on a CPU, faster products of a few rows (gpt/generation/layout.py)
         engine = Engine(model, loaded.tokenizer(), s.max_batch, s.max_queue, autocast=rt.autocast, observe=rt.threads.observe)
         served.append(ServedModel(model_id, engine, engine.tokenizer, model.config.block_size, loaded.source))
         print(f"model {model_id}: {loaded.source} (context {model.config.block_size})", file=sys.stderr)

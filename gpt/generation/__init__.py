@@ -4,6 +4,7 @@
     decoder.py   token-level decoding of a batch of prompts (Decoder)
     text.py      a prompt's ids, and a row's text as it is generated: stops, end of text (TextStream)
     compiled.py  torch.compile for decoding (compile_for_generation)
+    layout.py    weights re-laid for decoding on a CPU (input_major)
 
 No I/O and no Hydra: `generate` and `stream` here are what the trainer, sample.py, `tinygpt chat`
 and notebooks share (the server's engine batches rows itself, with the same pieces). The controls are the fields of
@@ -29,6 +30,7 @@ import torch
 from gpt.config import SamplingSettings
 from gpt.generation.compiled import compile_for_generation
 from gpt.generation.decoder import Decoder, decode_kernels
+from gpt.generation.layout import input_major
 from gpt.generation.sampling import draw, filter_logits, keep_typical, next_tokens, not_finite, penalize_repeats
 from gpt.generation.text import TextStream, decode_safe, encode_prompt, stop_ids
 from gpt.model import GPT
@@ -43,6 +45,7 @@ __all__ = [
     "encode_prompt",
     "filter_logits",
     "generate",
+    "input_major",
     "keep_typical",
     "next_tokens",
     "not_finite",

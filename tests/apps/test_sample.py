@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from gpt.checkpoints import loading
-from helpers import REPO, assert_one_line_error, export_hf, run_script
+from helpers import REPO, assert_one_line_error, export_hf, relaid, run_script
 
 
 def test_sample_from_latest_run_and_from_run_dir(trained_run, data_root):
@@ -126,6 +126,33 @@ def test_escapes_typed_in_a_shell_are_the_characters_they_name():
     from gpt.apps.sample import unescape
 
     assert [unescape(s) for s in ("\\n\\n", "a\\tb", "C:\\\\new", "\\q")] == ["\n\n", "a\tb", "C:\\new", "\\q"]
+
+
+def test_eager_sampling_decodes_with_weights_laid_out_for_the_cpu(trained_run, monkeypatch, capsys):
+    """sample.py (compile=false, a CPU) hands the decoder a model whose linear weights are stored
+    input-major (gpt/generation/layout.py), and writes the text nn.Linear's layout gives."""
+    import gpt.generation as generation
+    from gpt.apps import sample as sample_app
+    from gpt.config import SamplingSettings
+
+    _, run_dir, _ = trained_run
+    seen = []
+
+    class Spy(generation.Decoder):
+        def __init__(self, model, *args, **kwargs):
+            seen.append(relaid(model))
+            super().__init__(model, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "Decoder", Spy)
+    args = [f"run_dir={run_dir}", "prompt=ROMEO:", "temperature=0", "max_new_tokens=40", "num_samples=1", "device=cpu"]
+    sample_app.main([*args, "threads=1"])
+    text = capsys.readouterr().out
+    assert seen == [True]
+    monkeypatch.undo()
+    loaded = loading.load(str(run_dir))
+    assert not relaid(loaded.model)
+    greedy = generation.generate(loaded.model, loaded.tokenizer(), ["ROMEO:"], SamplingSettings(max_new_tokens=40, temperature=0))
+    assert "ROMEO:" + greedy[0][0] in text
 
 
 def test_sample_compile_true_traces_a_few_graphs_and_writes_what_eager_writes(trained_run, monkeypatch, capsys):

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from helpers import Server, assert_one_line_error, chromium, free_port, run_script  # noqa: E402
+from helpers import Server, assert_one_line_error, chromium, free_port, relaid, run_script  # noqa: E402
 
 KEY = "test-key"
 
@@ -293,6 +293,22 @@ def test_serve_refuses_mistakes_in_one_line(trained_run, data_root):
     assert_one_line_error(run_script("serve.py", ["models=[nowhere]"], cwd, data_root[0]), "models=nowhere")
     helped = run_script("serve", ["--help"], cwd, data_root[0])
     assert helped.returncode == 0 and "max_batch" in helped.stdout and "/v1/completions" in helped.stdout
+
+
+def test_served_models_decode_with_weights_laid_out_for_the_cpu(trained_run, monkeypatch):
+    """Each model the server batches has its linear weights stored input-major on a CPU
+    (gpt/generation/layout.py); the tests above check its completions equal sample.py's."""
+    import uvicorn
+
+    import gpt.serve.app as serve_app
+    from gpt.apps.serve import main
+
+    _, run_dir, _ = trained_run
+    served, real = [], serve_app.create_app
+    monkeypatch.setattr(serve_app, "create_app", lambda models, *a: served.extend(models) or real(models, *a))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)  # built, not started
+    main([f"run_dir={run_dir}", f"port={free_port()}", "device=cpu"])
+    assert len(served) == 1 and relaid(served[0].engine.model)
 
 
 def test_playground_streams_a_completion_in_a_headless_browser(server, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from gpt.chat.synthetic import suite
 from gpt.checkpoints import checkpoint
 from gpt.checkpoints.runs import latest
-from helpers import TEXT, assert_one_line_error, run_script
+from helpers import TEXT, assert_one_line_error, relaid, run_script
 
 QUESTIONS = ["What is 12 + 30?", "Who are you?", "Reverse the word 'stone'."]
 
@@ -104,6 +104,16 @@ def test_chat_reads_one_message_per_line_and_keeps_the_history(runs):
     assert cleared.stdout.split("\n")[1] == alone.stdout.split("\n")[0]  # /clear: the third question alone
     ended = chat_cli(runs, stdin=f"{QUESTIONS[0]}\n/exit\n{QUESTIONS[1]}\n")
     assert ended.stdout.count("\n") == 1
+
+
+def test_chat_decodes_with_weights_laid_out_for_the_cpu(runs):
+    """tinygpt chat's model has its linear weights stored input-major (gpt/generation/layout.py);
+    the replies above are decoded with it."""
+    from gpt.apps.chat import load_chat_model
+    from gpt.config import ChatConfig
+
+    model, _, rt = load_chat_model(ChatConfig(run_dir=str(runs[3]), device="cpu"))
+    assert rt.device.type == "cpu" and relaid(model)
 
 
 def test_chat_completions_equal_the_chat_command_streamed_and_not(runs):
