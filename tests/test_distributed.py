@@ -306,6 +306,50 @@ def test_a_mistake_rank_0_meets_alone_is_one_line_on_every_rank(tmp_path, data_r
     assert "rank      : 0 (local_rank: 0)" in out.split("Root Cause")[-1].split("=====")[0], out[-3000:]
 
 
+@pytest.mark.slow
+def test_torchrun_max_restarts_resumes_and_the_new_attempt_is_not_stopped_by_the_old_failure(tmp_path, data_root):
+    """torchrun --max-restarts=1: rank 1 crashes at its 15th step of the first attempt (after the
+    step-10 checkpoint), rank 0 is stopped by the alarm, and torchrun starts both again. The
+    second attempt meets in the same agent store, where the first one's failure and process
+    group keys still are: it must read neither (each attempt's keys carry torchrun's restart
+    count), resume from ckpt-10 and end exactly where an uninterrupted run ends."""
+    root, data_overrides = data_root
+    hooks = hooked_pythonpath(
+        tmp_path / "hooks",
+        "import os\n"
+        "from gpt.training import step\n"
+        "real, calls = step.train_step, [0]\n"
+        "def train_step(*args, **kwargs):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 15 and os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+        "        raise RuntimeError('CUDA error: an illegal memory access was encountered')\n"
+        "    return real(*args, **kwargs)\n"
+        "step.train_step = train_step\n",
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
+    args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=30", "train.sample_tokens=0"]
+    restarted, whole = tmp_path / "restarted", tmp_path / "whole"
+    launch = [*TORCHRUN[:-1], "--max-restarts=1", TORCHRUN[-1]]
+    proc = subprocess.run(
+        [*launch, *args, f"hydra.run.dir={restarted}"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": hooks},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("process 1 of 2 failed: RuntimeError: CUDA error") == 1, out[-3000:]  # the first attempt only
+    assert f"resuming from {restarted / 'checkpoints' / 'ckpt-0000010.pt'} at step 10" in out, out[-3000:]
+    proc = subprocess.run(
+        [*TORCHRUN, *args, f"hydra.run.dir={whole}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _metrics(restarted, "eval")[-1]["val"] == _metrics(whole, "eval")[-1]["val"]
+    assert [m["loss"] for m in _metrics(restarted, "train")][-2:] == [m["loss"] for m in _metrics(whole, "train")][-2:]
+
+
 def _srun(args: list[str], cwd, env: dict, timeout: float = 120) -> tuple[list[int], list[str], float]:
     """`srun --ntasks=2 python train.py ...` without SLURM: two processes given SLURM's
     per-task variables (gpt.runtime.distributed.from_env reads them) and nobody to kill a task's
