@@ -34,10 +34,10 @@ def load_chat_model(s, status: TextIO | None = None):
     """(model on its device, tokenizer with the chat template, runtime) of the model `s` names;
     a model without the template is refused, saying how to give it one."""
     from gpt.checkpoints import loading
-    from gpt.generation import input_major
+    from gpt.generation import ready_to_decode
     from gpt.runtime import devices
 
-    rt = devices.setup(s.device, s.dtype, False, threads=s.threads)
+    rt = devices.setup(s.device, s.dtype, s.compile, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))
     tokenizer = loaded.tokenizer()
     if not hasattr(tokenizer, "prompt"):
@@ -45,7 +45,7 @@ def load_chat_model(s, status: TextIO | None = None):
     if status is not None:
         print(f"chatting with {loaded.source} ({rt.describe()}); /clear starts again, /exit ends", file=status, flush=True)
     model = loaded.model.to(rt.device)
-    input_major(model)  # on a CPU, faster one-row products (gpt/generation/layout.py)
+    ready_to_decode(model, rt.compile)
     return model, tokenizer, rt
 
 

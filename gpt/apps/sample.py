@@ -104,14 +104,9 @@ def sample(
     if hasattr(tokenizer, "unknown_chars"):  # fail before any output, not mid-way
         for p in prompts:
             tokenizer.encode(p)
-    if rt.compile:
-        from gpt.generation import compile_for_generation
+    from gpt.generation import ready_to_decode
 
-        compile_for_generation(model)  # in place, so the decoder's forward calls run compiled
-    else:
-        from gpt.generation import input_major
-
-        input_major(model)  # on a CPU, faster one-row products (gpt/generation/layout.py)
+    ready_to_decode(model, rt.compile)
     ckpt = loaded.checkpoint
     where = f"step {ckpt.step}, val loss {ckpt.best_val_loss:.4f}" if ckpt else "pretrained"
     _say(status, f"sampling from {loaded.source} ({where}; {rt.describe()})")

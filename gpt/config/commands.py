@@ -100,6 +100,7 @@ class ChatConfig(SamplingSettings, ModelChoice, DeviceSettings):
 
     max_new_tokens: int = 256  # per reply
     system: str | None = None  # a system message that opens the conversation (kept when old turns are dropped)
+    compile: bool = False  # torch.compile the model first, as sample.py's compile=true (pays over a long conversation)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -50,9 +50,20 @@ __all__ = [
     "next_tokens",
     "not_finite",
     "penalize_repeats",
+    "ready_to_decode",
     "stop_ids",
     "stream",
 ]
+
+
+def ready_to_decode(model, compile: bool) -> None:
+    """What sample.py and `tinygpt chat` do to a model before decoding with it, in place:
+    torch.compile for decoding (compile=true), else, on a CPU, its linear weights laid out
+    input-major (layout.py)."""
+    if compile:
+        compile_for_generation(model)  # the decoder's forward calls then run compiled
+    else:
+        input_major(model)
 
 
 def _generate_rows(

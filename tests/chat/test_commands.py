@@ -116,6 +116,37 @@ def test_chat_decodes_with_weights_laid_out_for_the_cpu(runs):
     assert rt.device.type == "cpu" and relaid(model)
 
 
+def test_chat_compile_true_compiles_once_for_the_conversation_and_replies_as_eager(runs, monkeypatch):
+    """compile=true: the model is compiled before the first reply (a counting backend stands in
+    for inductor), a few graphs serve every turn of a growing conversation, not one per token
+    or per turn, and the replies are eager's (which has the weights input-major instead)."""
+    import io
+
+    import torch
+
+    import gpt.generation as generation
+    from gpt.apps.chat import chat
+    from gpt.config import ChatConfig
+
+    graphs, real = [], generation.compile_for_generation
+    monkeypatch.setattr(
+        generation, "compile_for_generation", lambda model: real(model, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+    )
+    replies = {}
+    torch.compiler.reset()
+    try:
+        for compile in (False, True):
+            s = ChatConfig(run_dir=str(runs[3]), temperature=0.0, max_new_tokens=24, device="cpu", threads=1, compile=compile)
+            out, status = io.StringIO(), io.StringIO()
+            chat(s, stdin=io.StringIO("\n".join(QUESTIONS) + "\n"), out=out, status=status)
+            replies[compile] = out.getvalue()
+            assert ("compile on" in status.getvalue()) == compile, status.getvalue()
+    finally:
+        torch.compiler.reset()
+    assert replies[True] == replies[False] and replies[True].count("\n") == 3
+    assert 1 <= len(graphs) <= 4, len(graphs)
+
+
 def test_chat_completions_equal_the_chat_command_streamed_and_not(runs):
     openai = pytest.importorskip("openai")
     pytest.importorskip("fastapi")
