@@ -78,11 +78,11 @@ def serve(s: ServeConfig) -> None:
         import uvicorn
 
         from gpt.serve.app import ServedModel, create_app
-        from gpt.serve.engine import Engine
+        from gpt.serve.engine import COMPILED_SHAPES, Engine
     except ImportError as e:
         raise TinyGPTError(f"tinygpt serve needs the serve extra ({e.name} is missing): pip install 'tinygpt[serve]'") from None
     from gpt.checkpoints import loading
-    from gpt.generation import input_major
+    from gpt.generation import ready_to_decode
     from gpt.runtime import devices
 
     api_key = s.api_key or os.environ.get("TINYGPT_API_KEY") or None
@@ -92,17 +92,20 @@ def serve(s: ServeConfig) -> None:
             f"warning: serving on {s.host} without an API key: anyone who can reach it may use it (set api_key=...)",
             file=sys.stderr,
         )
-    rt = devices.setup(s.device, s.dtype, False, threads=s.threads)
+    rt = devices.setup(s.device, s.dtype, s.compile, threads=s.threads)
     served = []
     for model_id, source in model_sources(s):
         loaded = loading.load(source)
         if getattr(loaded.model, "recurrent", False):
             raise TinyGPTError(f"{source} is a recurrent model; tinygpt serve batches transformers only (use tinygpt sample)")
         model = loaded.model.to(rt.device)
-        input_major(model)  # on a CPU, faster products of a few rows (gpt/generation/layout.py)
+        ready_to_decode(model, rt.compile, graphs=2 * COMPILED_SHAPES)  # room to spare for its shapes (Engine.warm_up)
         engine = Engine(model, loaded.tokenizer(), s.max_batch, s.max_queue, autocast=rt.autocast, observe=rt.threads.observe)
         served.append(ServedModel(model_id, engine, engine.tokenizer, model.config.block_size, loaded.source))
-        print(f"model {model_id}: {loaded.source} (context {model.config.block_size})", file=sys.stderr)
+        print(f"model {model_id}: {loaded.source} (context {model.config.block_size})", file=sys.stderr, flush=True)
+        if rt.compile:
+            print(f"model {model_id}: compiling for decoding (minutes on a CPU)", file=sys.stderr, flush=True)
+            print(f"model {model_id}: compiled in {engine.warm_up():.0f} s", file=sys.stderr, flush=True)
     notice = rt.threads.load_notice()  # other work on our cores: said once, the count kept
     if notice:
         print(notice, file=sys.stderr)

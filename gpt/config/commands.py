@@ -125,6 +125,7 @@ class ServeConfig(ModelChoice, DeviceSettings):
     max_prompt_tokens: int | None = None
     max_tokens: int = 2048  # the largest max_tokens a request may ask for
     max_n: int = 8  # the largest n (completions per prompt) times prompts a request may ask for
+    compile: bool = False  # torch.compile each model for decoding, at start-up (minutes on a CPU: docs/serving.md)
 
     def __post_init__(self) -> None:
         check_types(self, "")

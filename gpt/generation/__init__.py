@@ -56,12 +56,12 @@ __all__ = [
 ]
 
 
-def ready_to_decode(model, compile: bool) -> None:
-    """What sample.py and `tinygpt chat` do to a model before decoding with it, in place:
-    torch.compile for decoding (compile=true), else, on a CPU, its linear weights laid out
-    input-major (layout.py)."""
+def ready_to_decode(model, compile: bool, graphs: int | None = None) -> None:
+    """What sample.py, `tinygpt chat` and `tinygpt serve` do to a model before decoding with it,
+    in place: torch.compile for decoding (compile=true; `graphs`: see compile_for_generation),
+    else, on a CPU, its linear weights laid out input-major (layout.py)."""
     if compile:
-        compile_for_generation(model)  # the decoder's forward calls then run compiled
+        compile_for_generation(model, graphs=graphs)  # the decoder's forward calls then run compiled
     else:
         input_major(model)
 

@@ -13,6 +13,7 @@ CPU. Batches of several rows keep MKL's matrix product, which reads each weight 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -22,17 +23,27 @@ import torch.nn.functional as F
 _LINEARS = (F.linear, torch._C._nn.linear)
 
 
-def compile_for_generation(model, backend: str | Callable | None = None) -> None:
+def compile_for_generation(model, backend: str | Callable | None = None, graphs: int | None = None) -> None:
     """torch.compile the model's forward in place, for decoding. The compiled forward is traced
     once for a prompt and once for the one-token steps after it (and once for a window
     re-encoded past the context), not once per token: the KV cache's length, a Python int that
     changes every step, is symbolic (dynamic=True) rather than a value the compiled graph is
     guarded on, and the decoder hands the model fresh input tensors, whose strides do not change
     from step to step (see decoder._fresh). `backend`: inductor, with the one-row rewrite on a
-    CPU (None), or any torch.compile backend."""
+    CPU (None), or any torch.compile backend.
+
+    `graphs`: how many compiled variants this model keeps, counted apart from any other compiled
+    model's. By default torch keeps 8 per function, shared by every model whose forward it is,
+    and runs calls of any further shape eagerly; a serving engine's steps take 8 shapes per
+    model (gpt.serve.engine.Engine.warm_up). torch.compile takes the count from 2.13 on; before,
+    the default stands. (Setting torch._dynamo.config.recompile_limit instead does not do: in
+    2.13 a setting made in one thread is not seen by another, such as a server's engine.)"""
     if backend is None:
         backend = cpu_decoding_backend if next(model.parameters()).device.type == "cpu" else "inductor"
-    model.compile(dynamic=True, backend=backend)
+    kwargs = {}
+    if graphs is not None and "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+        kwargs = dict(recompile_limit=graphs, isolate_recompiles=True)
+    model.compile(dynamic=True, backend=backend, **kwargs)
 
 
 def cpu_decoding_backend(gm: fx.GraphModule, example_inputs) -> Callable:

@@ -34,6 +34,9 @@ from gpt.model.cache import KVCache
 
 logger = logging.getLogger("tinygpt")
 
+# The shapes of the model calls a step makes (see Engine.warm_up): compiled, each is a graph.
+COMPILED_SHAPES = 8
+
 # Events sent to a job's `emit`, a list of them per step:
 #   ("text", choice, piece)                     new text of one choice
 #   ("end", choice, finish_reason, n_tokens)    the choice is finished: "stop" or "length"
@@ -136,6 +139,39 @@ class Engine:
         """Rows being decoded and jobs waiting, for /health."""
         with self._wake:
             return {"active_rows": len(self._slots) + len(self._long), "queued": len(self._pending), **self.stats}
+
+    def warm_up(self) -> float:
+        """Decode a short job of each shape a step can take, one after the other; the seconds it
+        took. For a compiled model (`tinygpt serve compile=true`) each shape is a graph of its own,
+        compiled on first use: here, before serving, rather than minutes into a request. The shapes
+        (COMPILED_SHAPES): one row or several (dynamo specialises sizes of 1), each with a prompt of
+        one token, of a few, or of the whole context (a cache as wide as its input: the same shape as
+        the window a row past the context re-encodes, which the next step then does), and the
+        one-token steps after a prompt. The counters start from zero again after it."""
+        t0 = time.perf_counter()
+        settings = SamplingSettings(max_new_tokens=2, temperature=0.0, stop_at_eot=False)  # every row takes both steps
+        for rows in (1, 2):
+            for width in (1, 2, self.block):
+                self._decode_and_wait([[0] * width] * rows, settings)
+        with self._wake:
+            self.stats = dict.fromkeys(self.stats, 0)
+        return time.perf_counter() - t0
+
+    def _decode_and_wait(self, prompts: list[list[int]], settings: SamplingSettings) -> None:
+        """Submit a job of `prompts` and wait until every row has ended (its text is dropped)."""
+        ended, failed, done = [], [], threading.Event()
+
+        def emit(events: list[Event]) -> None:
+            ended.extend(e for e in events if e[0] == "end")
+            failed.extend(e[1] for e in events if e[0] == "error")
+            if failed or len(ended) == len(prompts):
+                done.set()
+
+        if not self.submit(Job(prompts, settings, 1, emit=emit)):
+            raise TinyGPTError("the engine's queue is full; warm it up before serving")
+        done.wait()
+        if failed:
+            raise TinyGPTError(f"decoding failed while warming up: {failed[0]}")
 
     def close(self) -> None:
         with self._wake:

@@ -167,7 +167,9 @@ def test_sample_compile_true_traces_a_few_graphs_and_writes_what_eager_writes(tr
     graphs = []
     real = generation.compile_for_generation
     monkeypatch.setattr(
-        generation, "compile_for_generation", lambda model: real(model, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+        generation,
+        "compile_for_generation",
+        lambda model, **kw: real(model, **kw, backend=lambda gm, _: graphs.append(gm) or gm.forward),
     )
     common = [
         f"run_dir={run_dir}",

@@ -311,6 +311,38 @@ def test_served_models_decode_with_weights_laid_out_for_the_cpu(trained_run, mon
     assert len(served) == 1 and relaid(served[0].engine.model)
 
 
+def test_compile_true_compiles_every_served_model_before_serving(trained_run, monkeypatch, capsys):
+    """compile=true: each model is compiled for decoding (a counting backend stands in for
+    inductor) and warmed up at start-up, all of its graphs, for two models too: their forwards
+    are one function to torch.compile, whose default limit of 8 variants one model fills."""
+    import torch
+    import uvicorn
+
+    import gpt.generation as generation
+    import gpt.serve.app as serve_app
+    from gpt.apps.serve import main
+    from gpt.serve.engine import COMPILED_SHAPES
+
+    _, run_dir, _ = trained_run
+    graphs, served, real_compile, real_app = [], [], generation.compile_for_generation, serve_app.create_app
+    monkeypatch.setattr(
+        generation,
+        "compile_for_generation",
+        lambda model, **kw: real_compile(model, **kw, backend=lambda gm, _: graphs.append(gm) or gm.forward),
+    )
+    monkeypatch.setattr(serve_app, "create_app", lambda models, *a: served.extend(models) or real_app(models, *a))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)  # built, not started
+    torch.compiler.reset()
+    try:
+        main([f"models=[{run_dir},{run_dir}]", f"port={free_port()}", "device=cpu", "compile=true"])
+    finally:
+        torch.compiler.reset()
+    log = capsys.readouterr().err
+    assert len(served) == 2 and len(graphs) == 2 * COMPILED_SHAPES, (len(graphs), log)
+    assert log.count(" s\n") >= 2 and "compiled in" in log and "compile on" in log, log
+    assert all(m.engine.load()["jobs"] == 0 for m in served)
+
+
 def test_playground_streams_a_completion_in_a_headless_browser(server, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys

@@ -130,7 +130,9 @@ def test_chat_compile_true_compiles_once_for_the_conversation_and_replies_as_eag
 
     graphs, real = [], generation.compile_for_generation
     monkeypatch.setattr(
-        generation, "compile_for_generation", lambda model: real(model, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+        generation,
+        "compile_for_generation",
+        lambda model, **kw: real(model, **kw, backend=lambda gm, _: graphs.append(gm) or gm.forward),
     )
     replies = {}
     torch.compiler.reset()

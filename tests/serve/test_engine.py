@@ -59,33 +59,67 @@ def _job(tok, prompts, n=1, **kw):
     return Job([tok.encode(p) for p in prompts], cfg, n, emit=collector), collector
 
 
+MIXED = [
+    (["ROMEO:"], 2, dict(seed=3)),
+    (["ROMEO:"], 2, dict(seed=3, typical_p=0.2)),  # the rows above but one control: filtered apart
+    (["JULIET: O", "a"], 1, dict(temperature=0.0)),
+    (["KING:"], 1, dict(seed=5, top_p=0.8, repetition_penalty=1.3, max_new_tokens=25)),
+    (["the quick brown fox"], 3, dict(seed=11, top_k=5, min_p=0.05)),
+]
+
+
+def _serve_and_compare(engine, model, tok, specs) -> None:
+    """Submit the jobs, each joining while the earlier ones decode; each row's text must be what
+    gpt.generation gives it alone."""
+    jobs = []
+    for prompts, n, kw in specs:
+        job, got = _job(tok, prompts, n, **kw)
+        assert engine.submit(job)
+        jobs.append((prompts, n, kw, got))
+        got.first_text.wait(10)
+    for prompts, n, kw, got in jobs:
+        assert got.done.wait(30)
+        cfg = SamplingSettings(**{"max_new_tokens": 40, "temperature": 0.9, "top_k": None, **kw})
+        want = [t for texts in generate(model, tok, prompts, cfg, num_samples=n) for t in texts]
+        assert got.texts == want
+        assert got.reasons == ["length"] * len(want)
+    assert engine.load()["active_rows"] == 0
+
+
 @pytest.mark.parametrize("block_size", [16, 64])  # 40 new tokens run past a 16-token context
 def test_jobs_batched_and_joining_mid_flight_equal_generation_alone(block_size):
     model, tok = _model(block_size), CharTokenizer(list(ALPHABET))
     engine = Engine(model, tok, max_batch=8)
     try:
-        specs = [
-            (["ROMEO:"], 2, dict(seed=3)),
-            (["ROMEO:"], 2, dict(seed=3, typical_p=0.2)),  # the rows above but one control: filtered apart
-            (["JULIET: O", "a"], 1, dict(temperature=0.0)),
-            (["KING:"], 1, dict(seed=5, top_p=0.8, repetition_penalty=1.3, max_new_tokens=25)),
-            (["the quick brown fox"], 3, dict(seed=11, top_k=5, min_p=0.05)),
-        ]
-        jobs = []
-        for prompts, n, kw in specs:  # each joins while the earlier ones are decoding
-            job, got = _job(tok, prompts, n, **kw)
-            assert engine.submit(job)
-            jobs.append((prompts, n, kw, got))
-            got.first_text.wait(10)
-        for prompts, n, kw, got in jobs:
-            assert got.done.wait(30)
-            cfg = SamplingSettings(**{"max_new_tokens": 40, "temperature": 0.9, "top_k": None, **kw})
-            want = [t for texts in generate(model, tok, prompts, cfg, num_samples=n) for t in texts]
-            assert got.texts == want
-            assert got.reasons == ["length"] * len(want)
-        assert engine.load()["active_rows"] == 0
+        _serve_and_compare(engine, model, tok, MIXED)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_a_compiled_engine_warmed_up_compiles_nothing_while_it_serves(block_size):
+    """warm_up decodes each shape a step can take, so that a compiled model (a counting backend
+    stands in for inductor) compiles all its graphs before serving: the mixed jobs above, rows
+    past the context, one-character prompts and several rows of them then compile nothing more,
+    and every row's text is eager generation's. The counters start from zero after it."""
+    from gpt.generation import compile_for_generation
+    from gpt.serve.engine import COMPILED_SHAPES
+
+    model, tok = _model(block_size), CharTokenizer(list(ALPHABET))
+    compiled, graphs = _model(block_size), []
+    torch.compiler.reset()
+    compile_for_generation(compiled, backend=lambda gm, _: graphs.append(gm) or gm.forward)
+    engine = Engine(compiled, tok, max_batch=8)
+    try:
+        assert engine.warm_up() > 0
+        assert len(graphs) == COMPILED_SHAPES
+        assert engine.load() == {"active_rows": 0, "queued": 0, "jobs": 0, "cancelled": 0, "failed": 0, "tokens": 0, "steps": 0}
+        single = [(["x"], 1, {}), (["x", "y"], 1, dict(seed=2)), (["z" * 40], 2, dict(temperature=0.0))]
+        _serve_and_compare(engine, model, tok, MIXED + single)
+        assert len(graphs) == COMPILED_SHAPES
+    finally:
+        engine.close()
+        torch.compiler.reset()
 
 
 def test_stop_strings_end_a_row_and_free_its_slot():
