@@ -116,8 +116,10 @@ CPU_FP32_ATTENTION_BELOW = 256
 
 
 def _upcast(q: torch.Tensor) -> bool:
-    """Whether attention over these queries (B, T, heads, head_dim) runs in fp32 under autocast."""
-    return q.device.type == "cpu" and q.size(1) < CPU_FP32_ATTENTION_BELOW and torch.is_autocast_enabled("cpu")
+    """Whether attention over these queries (B, T, heads, head_dim) runs in fp32 under autocast.
+    The length is read last: compiled, reading it puts a guard on it, and so a graph of its own
+    for 256 positions and more (tinygpt serve compile=true warms up each shape it may take)."""
+    return q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and q.size(1) < CPU_FP32_ATTENTION_BELOW
 
 
 def _sdpa(q, k, v, **kw) -> torch.Tensor:

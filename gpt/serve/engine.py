@@ -30,12 +30,17 @@ from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import TextStream, decode_kernels, next_tokens
 from gpt.model import GPT
+from gpt.model.attention import CPU_FP32_ATTENTION_BELOW
 from gpt.model.cache import KVCache
 
 logger = logging.getLogger("tinygpt")
 
-# The shapes of the model calls a step makes (see Engine.warm_up): compiled, each is a graph.
+# The most shapes of model calls the steps make (see Engine.warm_up): compiled, each is a graph.
 COMPILED_SHAPES = 8
+# A cache made for an input has a column more than the input can fill: compiled, an input that
+# fills its cache exactly (a prompt or window as long as the context) is a graph of its own, which
+# only a whole-context pass could warm up (hours for a 32k-token context on a CPU).
+SPARE = 1
 
 # Events sent to a job's `emit`, a list of them per step:
 #   ("text", choice, piece)                     new text of one choice
@@ -143,15 +148,18 @@ class Engine:
     def warm_up(self) -> float:
         """Decode a short job of each shape a step can take, one after the other; the seconds it
         took. For a compiled model (`tinygpt serve compile=true`) each shape is a graph of its own,
-        compiled on first use: here, before serving, rather than minutes into a request. The shapes
-        (COMPILED_SHAPES): one row or several (dynamo specialises sizes of 1), each with a prompt of
-        one token, of a few, or of the whole context (a cache as wide as its input: the same shape as
-        the window a row past the context re-encodes, which the next step then does), and the
-        one-token steps after a prompt. The counters start from zero again after it."""
+        compiled on first use: here, before serving, rather than minutes into a request. The shapes:
+        one row or several (dynamo specialises sizes of 1), each with a prompt of one token or of
+        more (a window a row past the context re-encodes is one of these: see SPARE), and the
+        one-token steps after a prompt: 6. Under bf16 autocast on a CPU, attention over 256 positions
+        or more is another branch (gpt.model.attention.CPU_FP32_ATTENTION_BELOW), so with a context
+        that long, prompts of 256 tokens too: 8 (COMPILED_SHAPES). The counters start from zero
+        again after it."""
         t0 = time.perf_counter()
         settings = SamplingSettings(max_new_tokens=2, temperature=0.0, stop_at_eot=False)  # every row takes both steps
+        widths = [1, 2] + ([CPU_FP32_ATTENTION_BELOW] if self.block >= CPU_FP32_ATTENTION_BELOW else [])
         for rows in (1, 2):
-            for width in (1, 2, self.block):
+            for width in widths:
                 self._decode_and_wait([[0] * width] * rows, settings)
         with self._wake:
             self.stats = dict.fromkeys(self.stats, 0)
@@ -169,7 +177,9 @@ class Engine:
 
         if not self.submit(Job(prompts, settings, 1, emit=emit)):
             raise TinyGPTError("the engine's queue is full; warm it up before serving")
-        done.wait()
+        while not done.wait(1.0):
+            if not self._thread.is_alive():  # it ended outside a step (a step's failure is an event)
+                raise TinyGPTError("the serving engine stopped while warming up; its error is in the log above")
         if failed:
             raise TinyGPTError(f"decoding failed while warming up: {failed[0]}")
 
@@ -237,7 +247,7 @@ class Engine:
             logits.append(self.model(last, cache=self._cache, last_only=True)[0][:, -1, :].float())
         if over:
             window = torch.tensor([s.tokens[-self.block :] for s in over], device=self.device)
-            fresh = KVCache(self.n_layer, self.block, torch.zeros(len(over), dtype=torch.long, device=self.device))
+            fresh = KVCache(self.n_layer, self.block + SPARE, torch.zeros(len(over), dtype=torch.long, device=self.device))
             logits.append(self.model(window, cache=fresh, last_only=True)[0][:, -1, :].float())
         if joining:
             logits.append(self._prefill(joining))
@@ -245,8 +255,8 @@ class Engine:
             return
         rows = stepping + over + joining
         self._slots, self._joining = stepping + joining, []  # the cache's rows, in order
+        self.stats["steps"] += 1  # before the events: a job's last one must find every count made
         self._sample_and_emit(rows, torch.cat(logits))
-        self.stats["steps"] += 1
 
     def _admit(self) -> list[_Slot]:
         """Rows of the waiting jobs that fit (first come, first served; a job never splits)."""
@@ -277,7 +287,7 @@ class Engine:
         width = max(lengths)
         pad = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
         ids = torch.tensor([[0] * (width - len(s.tokens)) + s.tokens for s in joining], device=self.device)
-        cache = KVCache(self.n_layer, self.block + int(pad.min()), pad)
+        cache = KVCache(self.n_layer, self.block + int(pad.min()) + SPARE, pad)
         logits = self.model(ids, cache=cache, last_only=True)[0][:, -1, :].float()
         self._cache = cache if self._cache is None else self._cache.merge(cache, self.block)
         return logits

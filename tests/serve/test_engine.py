@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("fastapi")  # the serve extra; the engine itself needs only torch
 
 from gpt.config import SamplingSettings  # noqa: E402
+from gpt.errors import TinyGPTError  # noqa: E402
 from gpt.generation import generate  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.serve.engine import Engine, Job  # noqa: E402
@@ -96,27 +97,76 @@ def test_jobs_batched_and_joining_mid_flight_equal_generation_alone(block_size):
         engine.close()
 
 
-@pytest.mark.parametrize("block_size", [16, 64])
-def test_a_compiled_engine_warmed_up_compiles_nothing_while_it_serves(block_size):
-    """warm_up decodes each shape a step can take, so that a compiled model (a counting backend
-    stands in for inductor) compiles all its graphs before serving: the mixed jobs above, rows
-    past the context, one-character prompts and several rows of them then compile nothing more,
-    and every row's text is eager generation's. The counters start from zero after it."""
+def _compiled_engine(block_size: int, **kw) -> tuple[Engine, list]:
+    """An engine over a model compiled for decoding with a counting backend in place of
+    inductor, and the list of graphs it compiles."""
     from gpt.generation import compile_for_generation
-    from gpt.serve.engine import COMPILED_SHAPES
 
-    model, tok = _model(block_size), CharTokenizer(list(ALPHABET))
-    compiled, graphs = _model(block_size), []
+    graphs: list = []
     torch.compiler.reset()
-    compile_for_generation(compiled, backend=lambda gm, _: graphs.append(gm) or gm.forward)
-    engine = Engine(compiled, tok, max_batch=8)
+    model = _model(block_size, pos_encoding="rope", norm="rmsnorm", qk_norm=True)
+    compile_for_generation(model, backend=lambda gm, _: graphs.append(gm) or gm.forward, graphs=16)
+    return Engine(model, CharTokenizer(list(ALPHABET)), max_batch=8, **kw), graphs
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 300])
+def test_a_compiled_engine_warmed_up_compiles_nothing_while_it_serves(block_size):
+    """warm_up decodes each shape a step can take, so that a compiled model compiles all its
+    graphs before serving (6 in fp32): the mixed jobs above, one-character prompts and several
+    rows of them, prompts of 256 tokens and more, of the whole context, and rows past it then
+    compile nothing more, and every row's text is eager generation's. Its cost does not grow
+    with the context (no whole-context pass). The counters are zero after it, also once the
+    engine's thread has finished its last step."""
+    engine, graphs = _compiled_engine(block_size)
+    model = _model(block_size, pos_encoding="rope", norm="rmsnorm", qk_norm=True)
+    real = engine._sample_and_emit
+
+    def lingering(*args):  # the engine's thread slow after a job's last event, as on a busy machine
+        real(*args)
+        time.sleep(0.05)
+
+    engine._sample_and_emit = lingering
     try:
         assert engine.warm_up() > 0
-        assert len(graphs) == COMPILED_SHAPES
+        assert len(graphs) == 6
+        time.sleep(0.2)
         assert engine.load() == {"active_rows": 0, "queued": 0, "jobs": 0, "cancelled": 0, "failed": 0, "tokens": 0, "steps": 0}
         single = [(["x"], 1, {}), (["x", "y"], 1, dict(seed=2)), (["z" * 40], 2, dict(temperature=0.0))]
-        _serve_and_compare(engine, model, tok, MIXED + single)
+        long = [(["w" * max(1, block_size - 20)], 1, dict(seed=4)), (["v" * block_size, "u" * block_size], 1, {})]
+        _serve_and_compare(engine, model, engine.tokenizer, MIXED + single + long)
+        assert len(graphs) == 6
+    finally:
+        engine.close()
+        torch.compiler.reset()
+
+
+def test_under_bf16_autocast_on_a_cpu_warm_up_covers_attention_over_256_positions_too():
+    """On a CPU under bf16 autocast attention runs in fp32 below 256 positions and in bf16 from
+    there: a branch on the prompt's length, so 8 graphs, all compiled at warm-up."""
+    from gpt.serve.engine import COMPILED_SHAPES
+
+    engine, graphs = _compiled_engine(300, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    try:
+        engine.warm_up()
+        assert len(graphs) == COMPILED_SHAPES == 8
+        for prompts in (["a" * 100], ["b" * 270], ["c" * 270, "d" * 10], ["e" * 300]):
+            job, got = _job(engine.tokenizer, prompts, max_new_tokens=5)
+            assert engine.submit(job) and got.done.wait(30)
         assert len(graphs) == COMPILED_SHAPES
+    finally:
+        engine.close()
+        torch.compiler.reset()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine's thread dies: planted
+def test_warm_up_says_so_when_the_engine_stops_instead_of_waiting_forever():
+    def observe():
+        raise RuntimeError("the load reader broke")
+
+    engine, _ = _compiled_engine(16, observe=observe)
+    try:
+        with pytest.raises(TinyGPTError, match="the serving engine stopped while warming up"):
+            engine.warm_up()
     finally:
         engine.close()
         torch.compiler.reset()
