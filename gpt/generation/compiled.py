@@ -34,8 +34,8 @@ def compile_for_generation(model, backend: str | Callable | None = None, graphs:
 
     `graphs`: how many compiled variants this model keeps, counted apart from any other compiled
     model's. By default torch keeps 8 per function, shared by every model whose forward it is,
-    and runs calls of any further shape eagerly; a serving engine's steps take 8 shapes per
-    model (gpt.serve.engine.Engine.warm_up). torch.compile takes the count from 2.13 on; before,
+    and runs calls of any further shape eagerly; a serving engine's steps take up to 8 shapes
+    per model (gpt.serve.engine.Engine.warm_up). torch.compile takes the count from 2.13 on; before,
     the default stands. (Setting torch._dynamo.config.recompile_limit instead does not do: in
     2.13 a setting made in one thread is not seen by another, such as a server's engine.)"""
     if backend is None:

@@ -40,6 +40,7 @@ def input_major(model: nn.Module) -> int:
         if not isinstance(w, nn.Parameter) or id(w) in seen or isinstance(w, dtensor):
             continue
         seen.add(id(w))
+        # a single row or column is the same in either layout (and would count as re-laid again)
         if w.device.type != "cpu" or w.dim() != 2 or not w.is_contiguous() or min(w.shape) == 1:
             continue
         with torch.no_grad():
