@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import torch
 
+# Each buffer has a column more than the cache ever fills. Compiled (torch.compile), a call whose
+# columns reach the buffer's end exactly is a graph of its own (the slice of all columns is the
+# whole tensor: inductor guards on it): a prompt or window as long as the cache, and the one-token
+# step into a cache's last column, a graph for one row and one for several. A serving engine warms
+# up every shape before it listens, and no short job can fill a context of thousands of tokens.
+SPARE = 1
+
 
 class KVCache:
-    """One (B, n_kv_head, max_len, head_dim) buffer per layer, allocated on first use in the dtype
-    the layer computes in. Prompts of different lengths share a batch by left-padding: `pad[b]` is
-    the number of padding columns in front of row b, which no query ever attends to."""
+    """One (B, n_kv_head, max_len + SPARE, head_dim) buffer per layer, allocated on first use in the
+    dtype the layer computes in; at most max_len columns are filled. Prompts of different lengths
+    share a batch by left-padding: `pad[b]` is the number of padding columns in front of row b,
+    which no query ever attends to."""
 
     def __init__(self, n_layer: int, max_len: int, pad: torch.Tensor):
         self.max_len = max_len
@@ -24,7 +32,7 @@ class KVCache:
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's keys/values at the current columns; return all columns so far."""
         if self.k[layer] is None:
-            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
+            shape = (k.size(0), k.size(1), self.max_len + SPARE, k.size(3))
             self.k[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
             self.v[layer] = torch.zeros(shape, dtype=v.dtype, device=v.device)
         end = self.length + k.size(2)
@@ -86,7 +94,7 @@ class KVCache:
         """A cache holding the first `length` columns of k/v, with room for max_len columns."""
         cache = KVCache(len(k), max_len, pad)
         for layer in range(len(k)):
-            shape = (k[layer].size(0), k[layer].size(1), max_len, k[layer].size(3))
+            shape = (k[layer].size(0), k[layer].size(1), max_len + SPARE, k[layer].size(3))
             cache.k[layer] = k[layer].new_zeros(shape)
             cache.v[layer] = v[layer].new_zeros(shape)
             cache.k[layer][:, :, :length] = k[layer][:, :, :length]

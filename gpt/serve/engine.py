@@ -37,10 +37,6 @@ logger = logging.getLogger("tinygpt")
 
 # The most shapes of model calls the steps make (see Engine.warm_up): compiled, each is a graph.
 COMPILED_SHAPES = 8
-# A cache made for an input has a column more than the input can fill: compiled, an input that
-# fills its cache exactly (a prompt or window as long as the context) is a graph of its own, which
-# only a whole-context pass could warm up (hours for a 32k-token context on a CPU).
-SPARE = 1
 
 # Events sent to a job's `emit`, a list of them per step:
 #   ("text", choice, piece)                     new text of one choice
@@ -150,7 +146,7 @@ class Engine:
         took. For a compiled model (`tinygpt serve compile=true`) each shape is a graph of its own,
         compiled on first use: here, before serving, rather than minutes into a request. The shapes:
         one row or several (dynamo specialises sizes of 1), each with a prompt of one token or of
-        more (a window a row past the context re-encodes is one of these: see SPARE), and the
+        more (a window a row past the context re-encodes is one of these: see gpt.model.cache.SPARE), and the
         one-token steps after a prompt: 6. Under bf16 autocast on a CPU, attention over 256 positions
         or more is another branch (gpt.model.attention.CPU_FP32_ATTENTION_BELOW), so with a context
         that long, prompts of 256 tokens too: 8 (COMPILED_SHAPES). The counters start from zero
@@ -247,7 +243,7 @@ class Engine:
             logits.append(self.model(last, cache=self._cache, last_only=True)[0][:, -1, :].float())
         if over:
             window = torch.tensor([s.tokens[-self.block :] for s in over], device=self.device)
-            fresh = KVCache(self.n_layer, self.block + SPARE, torch.zeros(len(over), dtype=torch.long, device=self.device))
+            fresh = KVCache(self.n_layer, self.block, torch.zeros(len(over), dtype=torch.long, device=self.device))
             logits.append(self.model(window, cache=fresh, last_only=True)[0][:, -1, :].float())
         if joining:
             logits.append(self._prefill(joining))
@@ -287,7 +283,7 @@ class Engine:
         width = max(lengths)
         pad = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
         ids = torch.tensor([[0] * (width - len(s.tokens)) + s.tokens for s in joining], device=self.device)
-        cache = KVCache(self.n_layer, self.block + int(pad.min()) + SPARE, pad)
+        cache = KVCache(self.n_layer, self.block + int(pad.min()), pad)
         logits = self.model(ids, cache=cache, last_only=True)[0][:, -1, :].float()
         self._cache = cache if self._cache is None else self._cache.merge(cache, self.block)
         return logits

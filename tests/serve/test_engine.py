@@ -140,6 +140,31 @@ def test_a_compiled_engine_warmed_up_compiles_nothing_while_it_serves(block_size
         torch.compiler.reset()
 
 
+@pytest.mark.slow
+def test_a_compiled_engine_with_inductor_serves_what_eager_generation_gives():
+    """The real thing (inductor's C++ backend, about a minute cold here), as `tinygpt serve
+    compile=true` prepares a model: warmed up, the engine's mixed jobs, rows past the context
+    and prompts as long as it give every row eager generation's text, and nothing compiles
+    while it serves."""
+    from gpt.generation import ready_to_decode
+    from gpt.serve.engine import COMPILED_SHAPES
+
+    torch.compiler.reset()
+    compiled = _model(16, pos_encoding="rope", norm="rmsnorm", qk_norm=True)
+    eager = _model(16, pos_encoding="rope", norm="rmsnorm", qk_norm=True)
+    ready_to_decode(compiled, compile=True, graphs=COMPILED_SHAPES)
+    engine = Engine(compiled, CharTokenizer(list(ALPHABET)), max_batch=8)
+    try:
+        engine.warm_up()
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        long = [(["v" * 16, "u" * 3], 1, {}), (["w" * 16], 2, dict(seed=4))]
+        _serve_and_compare(engine, eager, engine.tokenizer, MIXED + long)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before > 0
+    finally:
+        engine.close()
+        torch.compiler.reset()
+
+
 def test_under_bf16_autocast_on_a_cpu_warm_up_covers_attention_over_256_positions_too():
     """On a CPU under bf16 autocast attention runs in fp32 below 256 positions and in bf16 from
     there: a branch on the prompt's length, so 8 graphs, all compiled at warm-up."""
