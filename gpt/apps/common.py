@@ -5,6 +5,7 @@ one-line error for any mistake, and running a command so that a user's mistake e
 
 from __future__ import annotations
 
+import dis
 import functools
 import itertools
 import logging
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from types import TracebackType
 from typing import NoReturn, TypeVar
 
 from hydra.errors import CompactHydraException
@@ -82,8 +84,9 @@ def _left_alone(error: RuntimeError) -> bool:
     """Whether a collective failed because another process of a distributed run has exited (it
     met a user's mistake first and said so in one line): this one's traceback would bury that
     line under fifty of torch's. Raised by torch's own code, in torch.distributed or elsewhere
-    (DDP's all-reduce fails inside autograd's backward); not by a hook or a model's forward that
-    torch called, which is the process's own error."""
+    (DDP's all-reduce fails inside autograd's backward), or by compiled code called directly (an
+    async collective's Work.wait(), a C++ method, as Muon waits for its exchange); not by a raise
+    in a hook or a model's forward that torch called, which is the process's own error."""
     torch = sys.modules.get("torch")
     last = error.__traceback__
     while last is not None and last.tb_next is not None:
@@ -91,7 +94,14 @@ def _left_alone(error: RuntimeError) -> bool:
     if torch is None or last is None or world_size() < 2:
         return False
     inside = Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(Path(torch.__file__).resolve().parent)
-    return inside and alarm.peer_gone(error)
+    return (inside or _raised_by_a_call(last)) and alarm.peer_gone(error)
+
+
+def _raised_by_a_call(tb: TracebackType) -> bool:
+    """Whether the frame's error came out of a call it made into compiled code (which has no
+    Python frame of its own below it), not from a raise statement of its own."""
+    at = next((i for i in dis.get_instructions(tb.tb_frame.f_code) if i.offset == tb.tb_lasti), None)
+    return at is not None and at.opname.startswith("CALL")
 
 
 def _log_to_files(message: str) -> list[str]:
