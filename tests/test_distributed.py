@@ -528,3 +528,29 @@ def test_under_srun_a_rank_waiting_where_it_cannot_see_a_peer_fail_is_stopped(tm
     codes, (first, second), _ = _srun(args, tmp_path, env)
     assert codes == [0, 0], first[-2000:] + second[-2000:]
     assert "stops because" not in first + second and runs.latest(good) is not None
+
+
+@pytest.mark.slow
+def test_a_sweep_under_torchrun_has_one_folder_and_one_leaderboard(tmp_path, data_root):
+    """`torchrun ... train.py -m`: every rank's Hydra launcher makes a sweep folder of its own
+    (`${now:...}` differs by microseconds) and a folder per job. Rank 0's is the sweep's; the
+    others' are scratch, gone when they exit, and only rank 0 writes and announces the leaderboard."""
+    root, data_overrides = data_root
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
+    args = ["-m", "distributed=fsdp", "optim.lr=1e-3,3e-3", "debug=tiny", "train.sample_tokens=0", *data_overrides]
+    done = subprocess.run(
+        [*TORCHRUN, *args, f"paths.runs_dir={tmp_path / 'out'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sweep,) = (tmp_path / "out" / "sweeps").iterdir()
+    board = (sweep / "leaderboard.md").read_text()
+    assert board.count("| finished |") == 2 and "no summary" not in board
+    assert done.stdout.count("leaderboard: ") == 1
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("tinygpt-sweep")]

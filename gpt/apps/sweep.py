@@ -85,6 +85,8 @@ class LeaderboardCallback(Callback):
             logger.warning(f"could not write the leaderboard: {e}")
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        if common.rank() != 0:  # under torchrun the other ranks' sweep folders are scratch (train.quiet_non_zero_ranks)
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = write_leaderboard(sweep_dir)
         best = next((r for r in rows if r["status"] == "finished" and r["best_val_loss"] is not None), None)

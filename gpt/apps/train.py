@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             start = common.guard(lambda: claim_run_dir(overrides))
             argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
-    _hydra_main([*argv, *quiet_non_zero_ranks()], start)
+    _hydra_main([*argv, *quiet_non_zero_ranks(multirun)], start)
 
 
 def _meet() -> None:
@@ -163,12 +165,20 @@ def _put_back_earlier_record(kept: list[tuple[Path, Path]]) -> None:
             aside.rename(record)
 
 
-def quiet_non_zero_ranks() -> list[str]:
+def quiet_non_zero_ranks(multirun: bool = False) -> list[str]:
     """Under torchrun every rank runs the Hydra app; only rank 0 may create the run directory
-    and its logs (the trainer hands rank 0's directory to the others)."""
+    and its logs (the trainer hands rank 0's directory to the others). In a sweep every rank's
+    launcher makes a sweep folder (each rank's own `${now:...}`) and a folder per job: the other
+    ranks' go to a scratch folder, removed when the process exits, and only rank 0 writes the
+    leaderboard (sweep.LeaderboardCallback)."""
     if common.rank() == 0:
         return []
-    return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    quiet = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    if multirun:
+        scratch = tempfile.mkdtemp(prefix=f"tinygpt-sweep-rank{common.rank()}-")
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        quiet.append(f"hydra.sweep.dir={override_value(scratch)}")
+    return quiet
 
 
 def _hydra_main(argv: list[str], start: Start | None = None) -> None:
