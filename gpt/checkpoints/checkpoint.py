@@ -59,6 +59,7 @@ class TrainingState:
     ns_dtype: str | None = None  # Muon's Newton-Schulz dtype (None: no Muon, or unknown)
     elapsed_s: float = 0.0  # wall-clock seconds the run took to reach this step, over all its resumes
     best_elapsed_s: float | None = None  # elapsed_s when the best val loss so far was reached
+    tokens_seen: int | None = None  # training tokens over all its resumes (None: not counted, older)
 
 
 @dataclass

@@ -44,6 +44,8 @@ class Trainer:
         self.overrides = list(overrides)
         self.t_start = started or time.time()
         self.elapsed_before = run.progress.elapsed_s  # a resumed run's time so far
+        if run.progress.tokens_seen is None:  # a checkpoint from before they were counted: as it reported them
+            run.progress.tokens_seen = run.progress.step * run.tokens_per_step
         self.saved_step = run.progress.step if run.progress.step > 0 else None  # a resumed run's is on disk
         self.peak_flops = devices.peak_flops(run.rt.device, self.ts.peak_flops)  # None: no MFU
         self.lr, self.tokens_per_s = 0.0, 0.0
@@ -76,6 +78,7 @@ class Trainer:
             self._histograms(r.progress.step + 1, "grads")
         steps.apply_or_skip(r, result, self.guard)
         r.progress.step += 1
+        r.progress.tokens_seen += r.tokens_per_step
         self.tokens_in_interval += result.tokens
         return result.loss, result.norm
 
@@ -221,10 +224,10 @@ class Trainer:
                 step=r.progress.step,
                 best_val_loss=r.progress.best_val if math.isfinite(r.progress.best_val) else None,
                 final_val_loss=self.last_eval.get("val"),
-                tokens_seen=r.progress.step * r.tokens_per_step,
+                tokens_seen=r.progress.tokens_seen,
                 run_dir=str(r.out_dir),
                 **compute.counts(r.model),  # params, params_non_embedding, flops_per_token
-                flops=r.progress.step * r.tokens_per_step * r.model.flops_per_token(),  # training FLOPs so far
+                flops=r.progress.tokens_seen * r.model.flops_per_token(),  # training FLOPs so far
                 flops_budget=self.ts.flops_budget,
                 overrides=self.overrides,
                 model=registry.summary(r.model_config),
@@ -344,7 +347,7 @@ class Trainer:
                     self.records.tb.attention_images(step, maps)
         if ts.histogram_every and self.evals_done % ts.histogram_every == 0:
             self._histograms(step, "weights")
-        seen = step * r.tokens_per_step
+        seen = r.progress.tokens_seen
         self.records.summary.update(
             step=step,
             best_val_loss=p.best_val,

@@ -41,6 +41,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, state: d
             ns_dtype=run.optimizer.ns_dtype,
             elapsed_s=p.elapsed_s,
             best_elapsed_s=p.best_elapsed_s,
+            tokens_seen=p.tokens_seen,
         )
         if full
         else None

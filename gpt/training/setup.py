@@ -375,15 +375,9 @@ def _restore(ckpt: Checkpoint, path: Path, cfg: RunConfig, optimizer, scaler, ba
         f"resuming from {path} at step {ckpt.step} (best val loss {ckpt.best_val_loss:.4f})"
         + (f"; changed: {changed}" if changed else "")
     )
-    return Progress(
-        ckpt.step,
-        ckpt.best_val_loss,
-        state.bad_steps,
-        state.bad_in_a_row,
-        dict(ckpt.last_eval),
-        state.elapsed_s,
-        state.best_elapsed_s,
-    )
+    kept = ("bad_in_a_row", "elapsed_s", "best_elapsed_s", "tokens_seen")
+    progress = Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, last_eval=dict(ckpt.last_eval))
+    return replace(progress, **{name: getattr(state, name) for name in kept})
 
 
 def _wrap(model: nn.Module, rt: devices.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:

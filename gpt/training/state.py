@@ -29,6 +29,9 @@ class Progress:
     last_eval: dict[str, float] = field(default_factory=dict)  # {"train", "val"} of the newest eval
     elapsed_s: float = 0.0  # wall-clock seconds the run took to reach the state saved or restored last
     best_elapsed_s: float | None = None  # elapsed seconds when best_val was reached
+    # training tokens so far, over every resume (a resume may run another number of processes,
+    # so not step x this run's tokens per step); None: a checkpoint from before they were counted
+    tokens_seen: int | None = 0
 
 
 @dataclass(kw_only=True)

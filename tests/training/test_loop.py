@@ -229,6 +229,28 @@ def test_a_resumed_run_reports_the_figures_its_checkpoint_holds(tmp_path, data_r
         assert again[key] == first[key], key
 
 
+def test_tokens_seen_count_each_step_as_it_was_trained_across_resumes(tmp_path, data_root):
+    """A resume may train with another number of tokens a step (another world size under
+    torchrun, or batch size): summary.json's tokens_seen and flops add each stretch's own, not
+    the last step count times the last run's tokens a step. A checkpoint from before they were
+    counted resumes from step x that run's tokens a step, as it reported them."""
+    root, data_overrides = data_root
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}", "train.sample_tokens=0"]
+    first = train(compose(overrides, tmp_path / "run"))
+    per_step = first["tokens_seen"] // 10
+    assert first["tokens_seen"] == 10 * per_step and first["flops"] == first["tokens_seen"] * first["flops_per_token"]
+    bigger = [*overrides, "train.max_iters=20", f"train.batch_size={2 * compose(overrides).train.batch_size}"]
+    second = train(compose(bigger, tmp_path / "run"))
+    assert second["step"] == 20 and second["tokens_seen"] == 10 * per_step + 10 * 2 * per_step
+    assert second["flops"] == second["tokens_seen"] * second["flops_per_token"]
+
+    older = checkpoint.load(runs.latest(tmp_path / "run"))
+    older.training.tokens_seen = None  # as a checkpoint of an earlier tinygpt reads
+    checkpoint.save(tmp_path / "run" / "checkpoints" / runs.step_file(20), older)
+    third = train(compose([*bigger, "train.max_iters=25"], tmp_path / "run"))
+    assert third["tokens_seen"] == 20 * 2 * per_step + 5 * 2 * per_step
+
+
 def test_a_signal_during_set_up_stops_cleanly_and_leaves_the_run_as_it_was(tmp_path, data_root, monkeypatch):
     """SIGTERM while the run is being built (data preparation, model): no step to finish, nothing
     unsaved: `Preempted` at once (the command exits 0 with its resume line), the earlier summary
