@@ -71,6 +71,7 @@ def test_sigterm_to_torchrun_saves_once_and_the_rerun_resumes(tmp_path, data_roo
     assert "stopped at step" in out and "resume with: torchrun" in out, err[-2000:]
     stopped_at = checkpoint.load(runs.latest(run_dir)).step
     assert stopped_at >= 5 and len(runs.step_checkpoints(run_dir)) == 1
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"  # whatever torchrun's status
 
     resumed = subprocess.run(
         [*launch, *common, f"train.max_iters={stopped_at + 3}"],
