@@ -290,7 +290,7 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
         resumed.tokenizer,
         data.tokenizer.to_dict(),
         "the checkpoint's tokenizer differs from this data's",
-        f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})",
+        f"resume with the data settings the run was trained with (data.name={resumed.config.get('data', {}).get('name', '?')})",
     )
     saved = registry.config_from_dict(resumed.model_config)
     if isinstance(saved, GPTConfig):  # how the backward pass spends memory is this run's to choose

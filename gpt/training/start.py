@@ -34,10 +34,12 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
     point = None
     if run_dir is not None or isinstance(parse_resume(settings.resume), Path):
         point = resume_point(settings.resume, run_dir)
+    if point is not None and point.checkpoint is not None:
+        _check_same_run(point.checkpoint, point.source, settings)
     if point is not None and point.checkpoint is not None and not settings.init_from:
         # (a finetune's data takes its base model's tokenizer, whatever data.tokenizer says:
         # compared with the checkpoint's once the data is prepared, gpt.training.setup)
-        _check_tokenizer_kind(point.checkpoint, settings)
+        _check_tokenizer_kind(point.checkpoint, point.source, settings)
     if settings.init_from:
         loading.check(settings.init_from)
     dtype = None
@@ -126,7 +128,45 @@ def _check_data_root(root: Path) -> None:
             return
 
 
-def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
+def _check_same_run(resumed, source: Path, settings: RunConfig) -> None:
+    """A run resumes on the data it trained on and with the optimizer it trained with (where the
+    loader stands, and the optimizer's state, belong to them). A resumed run's settings are
+    composed from the defaults and the command line, as any run's, so a resume that repeats
+    neither would go on with the defaults' (the quickstart's data, Muon) and a "changed:" notice;
+    refused instead, with what the run's last start passed."""
+    recorded = resumed.config or {}
+    data, optim = (recorded.get("data") or {}).get("name"), (recorded.get("optim") or {}).get("name")
+    wrong = []
+    if data and data != settings.data.name:
+        wrong.append(f"data.name={data} (this command's: {settings.data.name})")
+    if optim and optim != settings.optim.name:
+        wrong.append(f"optim={optim} (this command's: optim={settings.optim.name})")
+    if wrong:
+        raise TinyGPTError(
+            f"{source} was trained with {' and '.join(wrong)}; a run resumes with its own data and optimizer: "
+            f"{started_with(source)}"
+        )
+
+
+def started_with(source: Path) -> str:
+    """How to pass a run's data and optimizer again: what its last start's command line set of
+    them (Hydra's record, <run>/.hydra/overrides.yaml), where there is one."""
+    import yaml  # omegaconf's own dependency
+
+    record = next(
+        (f / ".hydra" / "overrides.yaml" for f in Path(source).parents if (f / ".hydra" / "overrides.yaml").is_file()), None
+    )
+    try:
+        given = [str(o) for o in (yaml.safe_load(record.read_text()) or [])] if record is not None else []
+    except (OSError, yaml.YAMLError):
+        given = []
+    ours = [o for o in given if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in ("data", "optim", "experiment")]
+    if not ours:
+        return "pass the data and optimizer settings it was started with again"
+    return "pass again what its last start passed of them: " + " ".join(ours)
+
+
+def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
     """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
     identity are known now; a char vocabulary or a BPE is fitted to its corpus, compared once the
     data is prepared (gpt.training.setup)."""
@@ -139,5 +179,5 @@ def _check_tokenizer_kind(resumed, settings: RunConfig) -> None:
     if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
         raise TinyGPTError(
             f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
-            f"resume with the data the run was trained on (data={resumed.config.get('data', {}).get('name', '?')})"
+            f"a run resumes with its own data and optimizer: {started_with(source)}"
         )

@@ -186,7 +186,16 @@ BAD_INPUTS = {  # id: (command, arguments, what the one line must name); {run}, 
     "local_without_path": ("train.py", ["data=local"], "data.source.path"),
     # refused in place: the earlier run's .hydra record and train.log must not change either
     "data_root_is_a_file_in_place": ("train.py", ["hydra.run.dir={run}", "paths.data_dir={text}"], "paths.data_dir"),
-    "tokenizer_mismatch_in_place": ("train.py", ["hydra.run.dir={run}", "data=shakespeare"], "tokenizer differs"),
+    "tokenizer_mismatch_in_place": (
+        "train.py",
+        ["hydra.run.dir={run}", "data=shakespeare", "data.name=shakespeare_char"],
+        "tokenizer differs",
+    ),
+    "other_data_in_place": (
+        "train.py",
+        ["hydra.run.dir={run}", "data=shakespeare"],
+        "was trained with data.name=shakespeare_char",
+    ),
     "resume_best_into_its_run": ("train.py", ["hydra.run.dir={run}", "resume={run}/checkpoints/best.pt"], "weights only"),
     "resume_weights_that_do_not_fit": ("train.py", ["resume={bad_step}"], "do not fit"),
     "no_checkpoint_of_the_run_loads": ("train.py", ["hydra.run.dir={broken_run}"], "none can be resumed"),

@@ -107,6 +107,50 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, data_root):
     assert (run_dir / ".hydra-1" / "overrides.yaml").is_file()  # the first invocation's record is kept
 
 
+def test_a_resume_that_would_change_the_run_s_data_or_optimizer_is_refused_with_what_restores_them(tmp_path, data_root):
+    """A resumed run's settings are composed from the defaults and the command line, so resuming
+    a run trained on other data with another optimizer by its folder alone would have gone on with
+    the quickstart's data and Muon (a "changed:" notice; best.pt then scored on another val set).
+    Refused in one line, nothing written, naming what the run's last start passed; passed again,
+    the run resumes."""
+    root, data_overrides = data_root
+    run_dir = tmp_path / "run"
+    started = [
+        "debug=tiny",
+        "data=shakespeare_char",
+        "optim=adamw",
+        *data_overrides,
+        "train.max_iters=4",
+        "train.sample_tokens=0",
+    ]
+    first = run_script("train.py", [*started, f"hydra.run.dir={run_dir}"], tmp_path, root)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+
+    bare = run_script(
+        "train.py", ["debug=tiny", *data_overrides, "train.max_iters=8", f"hydra.run.dir={run_dir}"], tmp_path, root
+    )
+    assert_one_line_error(
+        bare,
+        "data.name=shakespeare_char (this command's: shakespeare_bytes)",
+        "optim=adamw (this command's: optim=muon)",
+        "pass again what its last start passed of them: data=shakespeare_char optim=adamw",
+    )
+    same_data = run_script(
+        "train.py",
+        ["debug=tiny", "data=shakespeare_char", *data_overrides, "train.max_iters=8", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        root,
+    )
+    assert_one_line_error(same_data, "trained with optim=adamw (this command's: optim=muon)")
+    assert "data.name" not in same_data.stderr
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+
+    again = run_script("train.py", [*started, "train.max_iters=8", f"hydra.run.dir={run_dir}"], tmp_path, root)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert checkpoint.load(runs.latest(run_dir)).step == 8
+
+
 def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: pip install -e '.[slurm]'")
     from hydra import compose as hydra_compose

@@ -45,7 +45,7 @@ def test_corpus_shorter_than_a_window_and_tokenizer_mismatch(tmp_path):
     ]
     train(compose([*ok, "data.tokenizer.kind=byte"], tmp_path / "run2"))
     ranks = write_ranks(tmp_path / "r.tiktoken")
-    other = [*ok, "data.tokenizer.kind=tiktoken", f"data.tokenizer.ranks_file={ranks}", "data.name=text_bpe", "train.max_iters=6"]
+    other = [*ok, "data.tokenizer.kind=tiktoken", f"data.tokenizer.ranks_file={ranks}", "train.max_iters=6"]
     with pytest.raises(TinyGPTError, match="tokenizer differs"):
         train(compose(other, tmp_path / "run2"))
 
