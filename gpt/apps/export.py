@@ -34,8 +34,7 @@ def export(s: ExportConfig) -> Path:
     from gpt.checkpoints import loading
     from gpt.interop import tinygpt
 
-    if Path(s.out).expanduser().exists() and not Path(s.out).expanduser().is_dir():
-        raise TinyGPTError(f"out={s.out} is a file; name a folder for the Hugging Face files")
+    interop.check_out(Path(s.out))  # before the checkpoint is read
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir), dropout=0.0)
     try:
         out, cls = interop.export(loaded.model, loaded.tokenizer(), s.out)

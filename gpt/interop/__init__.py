@@ -16,6 +16,8 @@ family is one more module and one more line in FAMILIES.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
@@ -69,11 +71,52 @@ def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:
     reason = tinygpt.cannot_export(model.config)
     if reason is not None:
         raise TinyGPTError(f"this model cannot be exported to a Hugging Face folder: {reason}")
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    if gpt2.cannot_export(model.config) is None:
-        gpt2.export(model, tokenizer, out)
-        return out, "GPT2LMHeadModel"
-    if llama.cannot_export(model.config) is None:
-        return out, llama.export(model, tokenizer, out)
-    return out, tinygpt.export(model, tokenizer, out)
+    out = Path(out_dir).expanduser().absolute()
+    check_out(out)
+    # Written whole beside `out`, then put in its place (an earlier export's files all go: a chat
+    # model's generation_config.json must not stay beside a plain model's weights).
+    staging = out.parent / f".{out.name}.exporting-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        if gpt2.cannot_export(model.config) is None:
+            gpt2.export(model, tokenizer, staging)
+            cls = "GPT2LMHeadModel"
+        elif llama.cannot_export(model.config) is None:
+            cls = llama.export(model, tokenizer, staging)
+        else:
+            cls = tinygpt.export(model, tokenizer, staging)
+        earlier = out.parent / f".{out.name}.replaced-{os.getpid()}"
+        if out.exists():
+            out.rename(earlier)
+        staging.rename(out)
+        shutil.rmtree(earlier, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out, cls
+
+
+# Every file an export writes (each family some of them): a folder holding only these, its
+# tokenizer record among them, is an earlier export, which a new one replaces.
+EXPORT_FILES = frozenset(
+    {"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt", f"{tinygpt.MODULE}.py"}
+    | set(hf.TOKENIZER_FILES)
+)
+
+
+def check_out(out: Path) -> None:
+    """Where an export may go: a new or empty folder, or an earlier export (replaced whole);
+    never over a folder of other files, which it would overwrite in part."""
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise TinyGPTError(f"out={out} is a file; name a folder for the Hugging Face files")
+    try:
+        held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    except OSError as e:
+        raise TinyGPTError(f"cannot read out={out} ({e.strerror or e}); pass out=<a folder you can write>") from None
+    if held and not (hf.TOKENIZER_RECORD in held and held <= EXPORT_FILES):
+        others = sorted(held - EXPORT_FILES) or sorted(held)
+        raise TinyGPTError(
+            f"out={out} holds files that are not an earlier export's ({', '.join(others[:4])}"
+            f"{', ...' if len(others) > 4 else ''}); name a new or empty folder (an earlier export is replaced)"
+        )

@@ -20,7 +20,8 @@ from gpt.tokenizers.hf import EOT, HFTokenizer
 # A Hub repository id: owner/name
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 INDEX = "model.safetensors.index.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tinygpt_tokenizer.json")
+TOKENIZER_RECORD = "tinygpt_tokenizer.json"  # our tokenizer, as a round trip reads it back: in every export
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", TOKENIZER_RECORD)
 
 
 def is_hub_id(source: str) -> bool:
@@ -179,7 +180,7 @@ def tokenizer_for(folder: Path, vocab_size: int, gpt2_vocab: bool = False) -> di
     GPT-2's BPE for GPT-2's vocabulary (`gpt2_vocab`: a GPT-2 folder of 50257 or 50304 tokens),
     its tokenizer.json otherwise, else None. A dict, not a tokenizer: comparing it with the
     data's needs no download."""
-    ours = folder / "tinygpt_tokenizer.json"
+    ours = folder / TOKENIZER_RECORD
     if ours.is_file():
         return json.loads(ours.read_text())
     if gpt2_vocab and vocab_size in (50257, 50304):  # GPT-2's, or padded to a multiple of 64
@@ -204,7 +205,7 @@ def write_tokenizer(tokenizer, out: Path, max_length: int) -> None:
     """Our tokenizer's record (tinygpt_tokenizer.json, what a round trip reads back), and the files
     transformers' AutoTokenizer reads where tinygpt's tokenizer has an equivalent: GPT-2's
     vocab.json/merges.txt, or a tokenizer.json (a trained BPE, a Hugging Face tokenizer)."""
-    io.write_json(out / "tinygpt_tokenizer.json", tokenizer.to_dict())
+    io.write_json(out / TOKENIZER_RECORD, tokenizer.to_dict())
     chat, base = hasattr(tokenizer, "special_ids"), getattr(tokenizer, "base", tokenizer)
     # vocab.json/merges.txt mean GPT-2's pre-tokenizer: right for r50k/p50k, wrong for cl100k/o200k.
     if isinstance(base, TiktokenTokenizer) and base.name in ("gpt2", "r50k_base", "p50k_base"):

@@ -26,6 +26,31 @@ def test_export_command(tmp_path, trained_run, data_root):
     assert_one_line_error(run_script("export", [f"run_dir={tmp_path / 'nope'}", "out=x"], tmp_path, root), "nope does not exist")
 
 
+def test_export_replaces_an_earlier_export_whole_and_refuses_a_folder_of_other_files(tmp_path, trained_run, data_root):
+    """out= may name a new or empty folder, or an earlier export, replaced whole: a file the
+    earlier one wrote and this one does not (a chat model's generation_config.json beside a plain
+    model's weights) is gone. A folder of other files is refused in one line, untouched (an
+    export wrote over its config.json and left the rest)."""
+    _, run_dir, _ = trained_run
+    root, _ = data_root
+    export = lambda out: run_script("export", [f"run_dir={run_dir}", f"out={out}"], tmp_path, root)  # noqa: E731
+    assert export(tmp_path / "hf").returncode == 0
+    first = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert "generation_config.json" not in first  # GPT-2's block, no chat: none written
+    (tmp_path / "hf" / "generation_config.json").write_text('{"eos_token_id": [260, 256], "pad_token_id": 260}')
+    again = export(tmp_path / "hf")
+    assert again.returncode == 0, again.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == first
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    (mine / "config.json").write_text('{"a": 1}')
+    assert_one_line_error(export(mine), f"out={mine} holds files that are not an earlier export's (notes.txt)")
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {"notes.txt": "precious", "config.json": '{"a": 1}'}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging folder left
+
+
 def test_the_quickstarts_block_exports_with_its_modeling_code(tmp_path, data_root):
     """The quickstart's block (RMSNorm, RoPE, QK-norm, GPT-2's GELU MLP) is neither GPT-2's nor
     Llama's: `tinygpt export` writes tinygpt's own form, its modeling code beside the weights,
