@@ -173,8 +173,9 @@ def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
     from gpt.tokenizers import difference, normalize_spec, tokenizer_identity
 
     theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
-    if "vocab_size" not in ours:  # known once the ranks file is read
+    if ours.get("vocab_size") is None:  # known once the ranks file is read (the settings say None)
         theirs.pop("vocab_size", None)
+        ours.pop("vocab_size", None)
     # char and bpe are fitted to the corpus and hf read from its file: compared once the data is prepared
     if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
         raise TinyGPTError(

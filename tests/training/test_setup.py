@@ -48,6 +48,11 @@ def test_corpus_shorter_than_a_window_and_tokenizer_mismatch(tmp_path):
     other = [*ok, "data.tokenizer.kind=tiktoken", f"data.tokenizer.ranks_file={ranks}", "train.max_iters=6"]
     with pytest.raises(TinyGPTError, match="tokenizer differs"):
         train(compose(other, tmp_path / "run2"))
+    # and a run on a tiktoken encoding resumes with its own settings (its vocabulary size is known
+    # only once the ranks are read: the settings' None is no difference)
+    bpe = [*other, "data.name=text_bpe", "train.max_iters=4"]
+    train(compose(bpe, tmp_path / "run3"))
+    assert train(compose([*bpe, "train.max_iters=6"], tmp_path / "run3"))["step"] == 6
 
 
 def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
