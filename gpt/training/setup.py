@@ -294,7 +294,7 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
     )
     saved = registry.config_from_dict(resumed.model_config)
     if isinstance(saved, GPTConfig):  # how the backward pass spends memory is this run's to choose
-        saved = replace(saved, activation_checkpointing=config.activation_checkpointing)
+        saved = replace(saved, activation_checkpointing=getattr(config, "activation_checkpointing", False))  # (model=lstm given)
     old, new = as_given(saved), as_given(config)
     diff = [
         f"model.{k}={new.get(k)!r} (checkpoint: {old.get(k)!r})"

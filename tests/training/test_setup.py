@@ -53,6 +53,8 @@ def test_corpus_shorter_than_a_window_and_tokenizer_mismatch(tmp_path):
     bpe = [*other, "data.name=text_bpe", "train.max_iters=4"]
     train(compose(bpe, tmp_path / "run3"))
     assert train(compose([*bpe, "train.max_iters=6"], tmp_path / "run3"))["step"] == 6
+    # a GPT run resumed with a recurrent model named: the checkpoint's model, as for any model setting
+    assert train(compose([*bpe, "train.max_iters=8", "model=lstm"], tmp_path / "run3"))["step"] == 8
 
 
 def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
