@@ -21,7 +21,9 @@ import signal
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +97,21 @@ def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iter
     torch = sys.modules.get("torch")
     cuda_live = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
     ctx = mp.get_context("fork" if sys.platform == "linux" and not cuda_live else "spawn")
-    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(tok.to_dict(),)) as pool:
-        yield from pool.imap(_encode_chunk, _chunks(docs, _CHUNK_DOCS), chunksize=1)
+    # A window of chunks in flight, read in order. A consumer that stops early (data.max_tokens)
+    # leaves at most the window to cancel or finish: multiprocessing.Pool's imap, closed early,
+    # hung in terminate() 3 times in 10 on a busy machine (a worker blocked writing its result).
+    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_dict(),)) as pool:
+        window: deque = deque()
+        try:
+            for chunk in _chunks(docs, _CHUNK_DOCS):
+                window.append(pool.submit(_encode_chunk, chunk))
+                if len(window) >= 2 * num_proc:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for pending in window:
+                pending.cancel()
 
 
 # --- the pipeline --------------------------------------------------------------------------------

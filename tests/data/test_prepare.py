@@ -336,3 +336,32 @@ def test_a_bpe_that_cannot_be_trained_leaves_the_prepared_data(tmp_path):
     with pytest.raises(TinyGPTError, match="vocab_size=100 is too small"):
         prepare.prepare([src.read_text()], {"kind": "bpe", "vocab_size": 100}, out, settings, log=lambda *_: None)
     assert read_meta(out, meta["fingerprint"]) == meta  # the earlier preparation, intact
+
+
+def test_encoding_stopped_early_reads_a_window_ahead_and_leaves_no_process(tmp_path):
+    """A consumer that stops early (data.max_tokens) closes the worker processes' stream: it
+    returns at once, no worker is left, and only a window of documents past what was used was
+    read (multiprocessing.Pool's imap read the whole corpus ahead, and closing it hung in
+    terminate() 3 times in 10 on a busy machine)."""
+    import multiprocessing
+    import threading
+
+    from gpt.data import prepare
+    from gpt.tokenizers import ByteTokenizer
+
+    read = []
+
+    def docs():
+        for i in range(200 * prepare._CHUNK_DOCS):
+            read.append(i)
+            yield f"document {i} " * 20
+
+    stream = prepare.encode_documents(docs(), ByteTokenizer(), num_proc=2)
+    whole = prepare.encode_documents((f"document {i} " * 20 for i in range(3 * prepare._CHUNK_DOCS)), ByteTokenizer(), 1)
+    first = next(stream)
+    assert np.array_equal(first[0], next(whole)[0])  # in document order
+    closed = threading.Thread(target=stream.close)
+    closed.start()
+    closed.join(timeout=60)
+    assert not closed.is_alive() and not multiprocessing.active_children()
+    assert len(read) <= (2 * 2 + 1) * prepare._CHUNK_DOCS
