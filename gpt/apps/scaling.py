@@ -65,6 +65,8 @@ def run(s: ScalingConfig, extra: list[str], argv: list[str]) -> dict:
     )
 
     status = study.launch(out, s, overrides, log)
+    if status < 0:  # killed outright (kill -9, out of memory): nothing of its own was said
+        common.fail(f"the training process was ended by signal {-status}; rerun the same command to resume the study")
     if status not in (0, 1):  # refused before it trained (the reason is printed above), or Ctrl-C
         sys.exit(status)
     got = study.collect(out, jobs)

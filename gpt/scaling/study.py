@@ -132,15 +132,25 @@ def _keys(overrides: list[str]) -> set[str]:
 
 
 def _run_child(command: list[str]) -> int:
+    """The command's exit status; 0 when a SIGTERM passed on to it ended it before it could
+    answer (while it started up, before its own handler was in place): a stop like any other,
+    which the study reports from its jobs' folders."""
     child = subprocess.Popen(command)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    forwarded = []
+
+    def forward(*_) -> None:
+        forwarded.append(signal.SIGTERM)
+        child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sends Ctrl-C to the child too
     try:
-        return child.wait()
+        code = child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return 0 if code == -signal.SIGTERM and forwarded else code
 
 
 @dataclass

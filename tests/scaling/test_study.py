@@ -166,3 +166,22 @@ def test_every_preset_composes_and_every_job_can_take_a_step(preset):
     assert len(set(s.budgets)) >= 3 and len(set(s.depths)) >= (4 if preset == "cpu" else 3) and s.predict > max(s.budgets)
     for depth in s.depths:
         compose([*s.train, f"model.depth={depth}", f"train.flops_budget={s.budgets[0]:g}"])
+
+
+def test_a_sigterm_passed_on_to_a_job_still_starting_is_a_stop_not_a_status_of_its_own():
+    """The study passes SIGTERM on to its sweep. One arriving while the sweep is still starting
+    (before its own handler is in place) ends it by the signal's default action: that is the stop
+    asked for (status 0: the study then reports its unfinished jobs), where it exited 241 (-15)
+    and said nothing. A child ended by a signal nobody passed on keeps its status."""
+    import threading
+
+    from gpt.scaling import study
+
+    before = signal.getsignal(signal.SIGTERM)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    assert study._run_child(sleeper) == 0 and time.monotonic() - started < 30
+    killer = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    assert study._run_child(killer) == -signal.SIGKILL
+    assert signal.getsignal(signal.SIGTERM) == before  # the study's own handling back in place
