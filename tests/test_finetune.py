@@ -97,8 +97,15 @@ def test_tokenizer_mismatch_and_missing_base(tmp_path, data_root):
         f"paths.data_dir={root}",
         "train.max_iters=2",
     ]
-    with pytest.raises(TinyGPTError, match="tokenizer"):
+    with pytest.raises(TinyGPTError, match="another tokenizer than the data's .*its char vocabulary was fitted to the corpus"):
         train(compose([*byte_data, f"init_from={tmp_path / 'pretrain'}"], tmp_path / "x"))
+    # a byte-level base (the quickstart's) and data of another tokenizer: the error names the
+    # setting that gives the data the base's, and with it the finetune trains
+    train(compose(byte_data, tmp_path / "byte_base"))
+    char_data = [*byte_data, "data.tokenizer.kind=char", "data.name=chars", f"init_from={tmp_path / 'byte_base'}", "optim=adamw"]
+    with pytest.raises(TinyGPTError, match="pass data.tokenizer.kind=byte$"):
+        train(compose(char_data, tmp_path / "ft"))
+    assert train(compose([*char_data, "data.tokenizer.kind=byte", "data.name=bytes"], tmp_path / "ft"))["step"] == 2
     with pytest.raises(TinyGPTError, match="init_from=/nowhere"):
         train(compose([*base, "init_from=/nowhere"], tmp_path / "y"))
     with pytest.raises(TinyGPTError, match="needs a model to start from"):

@@ -26,13 +26,31 @@ def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: fl
         loaded.tokenizer_spec,
         without_template(data_spec) if adds_template else data_spec,
         f"init_from={source} was trained with another tokenizer than the data's",
-        "pick data prepared with the same tokenizer",
+        _same_tokenizer(loaded.tokenizer_spec, source),
     )
     if adds_template:
         add_chat_tokens(model, data_tokenizer, log)
     model = _fit_context(model, ft, source, log)
     log(f"initialised from {source}: {registry.summary(model.config)}")
     return model
+
+
+def _same_tokenizer(spec: dict, source: str) -> str:
+    """How to give the data the base's tokenizer (the data's own is data.tokenizer's, GPT-2's BPE
+    unless told, whatever the base was trained with)."""
+    kind = spec.get("kind")
+    if kind == "byte":
+        return "pass data.tokenizer.kind=byte"
+    if kind == "tiktoken":
+        where = (
+            f"data.tokenizer.ranks_file={spec['ranks_file']}"
+            if spec.get("ranks_file")
+            else f"data.tokenizer.name={spec.get('name', 'gpt2')}"
+        )
+        return f"pass data.tokenizer.kind=tiktoken {where}"
+    if kind == "hf":
+        return f"pass data.tokenizer.kind=hf data.tokenizer.name={source}"
+    return f"its {kind} vocabulary was fitted to the corpus it was trained on: finetune on data of that tokenizer"
 
 
 def _fit_context(model, ft: FinetuneSettings, source: str, log):
