@@ -60,7 +60,8 @@ class Dataset:
                 raise TinyGPTError(
                     f"model.block_size={block_size} is longer than the {split} split ({Dataset.tokens(shards)} tokens"
                     f"{', in shards of at most ' + str(longest) if len(shards) > 1 else ''}); "
-                    f"use a block_size below {longest} or more data"
+                    + (f"use a block_size below {longest} or more data" if longest > 1 else "it needs more data")
+                    + (" (or a larger data.val_fraction)" if split == "val" else "")
                 )
         return []
 
