@@ -163,7 +163,7 @@ class EvalConfig(ModelChoice, DeviceSettings):
     max_tokens: int | None = None  # score at most this many tokens
     stride: int | None = None  # sliding-window step: each target gets >= block_size - stride tokens of context; null: block_size
     batch_size: int = 16
-    data: DataSettings | None = None  # another prepared dataset (data=<name>); null: the model's own
+    data: DataSettings | None = None  # another dataset (data=<config of configs/data/>); null: the model's own
     task: TaskSettings | None = None  # a zero-shot task (task=<name>) instead of perplexity
 
     def __post_init__(self) -> None:
