@@ -55,11 +55,13 @@ def steps_for(train, flops_per_token: float, params_non_embedding: int, tokens_p
     return None
 
 
-def describe(figures: dict, steps: int, tokens_per_step: int) -> str:
-    """The start-up line: sizes, FLOPs per token, and what the whole run will cost."""
+def describe(figures: dict, steps: int, tokens_per_step: int, recurrent: bool = False) -> str:
+    """The start-up line: sizes, FLOPs per token (a recurrent model has no attention term), and
+    what the whole run will cost."""
     total = figures["flops_per_token"] * tokens_per_step * steps
+    rule = "6N" if recurrent else "6N + attention"
     return (
         f"compute: {figures['params_non_embedding']:,} parameters without embeddings "
-        f"({figures['params']:,} in all); {figures['flops_per_token']:.3g} FLOPs/token (6N + attention); "
+        f"({figures['params']:,} in all); {figures['flops_per_token']:.3g} FLOPs/token ({rule}); "
         f"{steps:,} steps x {tokens_per_step:,} tokens = {total:.3g} training FLOPs"
     )

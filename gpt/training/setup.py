@@ -210,7 +210,7 @@ def _horizon(cfg: RunConfig, model: nn.Module, model_config, dist: distributed.D
         )
         log(f"{given}: train.max_iters {ts.max_iters:,} -> {steps:,}")
         ts = replace(ts, max_iters=steps)
-    log(compute.describe(figures, ts.max_iters, tokens_per_step))
+    log(compute.describe(figures, ts.max_iters, tokens_per_step, recurrent=getattr(model, "recurrent", False)))
     if ts.eval_iters > ts.max_iters:
         log(f"notice: eval_iters {ts.eval_iters} -> {ts.max_iters} (no more eval batches than training steps)")
         ts = replace(ts, eval_iters=ts.max_iters)

@@ -153,3 +153,17 @@ def test_depth_scales_layers_heads_and_width_together():
             shape(**bad)
     with pytest.raises(TinyGPTError, match="head dimension 3 must be even"):
         shape(depth=2, aspect_ratio=3, pos_encoding="rope")
+
+
+def test_the_start_up_line_names_the_rule_the_model_is_counted_by(tmp_path, data_root, caplog):
+    """A transformer's FLOPs a token are 6N + attention; a recurrent model's are 6N (no attention term)."""
+    import logging
+
+    root, data_overrides = data_root
+    for model, rule in (("lstm", "(6N)"), ("gpt-nano", "(6N + attention)")):
+        caplog.clear()
+        overrides = ["debug=tiny", f"model={model}", *data_overrides, f"paths.data_dir={root}", "train.max_iters=1"]
+        with caplog.at_level(logging.INFO, logger="tinygpt"):
+            train(compose([*overrides, "train.sample_tokens=0"], tmp_path / model))
+        line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("compute:"))
+        assert f"FLOPs/token {rule};" in line, line
