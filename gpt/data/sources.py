@@ -102,6 +102,11 @@ def _texts(dataset, field: str, where: str) -> Iterator[str]:
                 f"{where} has no text field {field!r}; its fields are {', '.join(record)} (set data.source.text_field)"
             )
         text = record[field]
+        if text is not None and not isinstance(text, str):
+            raise TinyGPTError(
+                f"{where}: text field {field!r} holds {type(text).__name__} values ({str(text)[:40]!r}), not text; "
+                f"set data.source.text_field to a field of text"
+            )
         if text and not text.isspace():  # blank lines/records are not documents
             yield text
 

@@ -61,6 +61,7 @@ def test_hub_code_path_with_a_local_dataset_and_save_to_disk(tmp_path):
         ({"kind": "local", "path": "EMPTY"}, "holds no .txt"),
         ({"kind": "local", "path": "BLANKS"}, "corpus is empty"),
         ({"kind": "local", "path": "JSONL", "text_field": "content"}, "no text field 'content'; its fields are id, body"),
+        ({"kind": "local", "path": "JSONL", "text_field": "id"}, "text field 'id' holds int values .*, not text"),
         (
             {"kind": "hub", "path": "someone/not-downloaded-here"},
             "cannot reach Hub dataset someone/not-downloaded-here.*save_to_disk",
