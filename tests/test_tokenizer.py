@@ -83,3 +83,12 @@ def test_ranks_files_of_different_vocabularies_are_different_tokenizers(tmp_path
     moved = dict(small.to_dict(), ranks_file=str(tmp_path / "elsewhere.tiktoken"))
     with pytest.raises(TinyGPTError, match="provide that ranks file|cannot load"):
         tokenizer_from_dict(moved)  # never silently replaced by another vocabulary
+
+
+def test_a_char_vocabulary_not_yet_fitted_is_described_without_a_count():
+    """Refusals compare a run's tokenizer with settings whose alphabet is not read yet: 'char',
+    not 'char (0 characters)'."""
+    from gpt.tokenizers import describe
+
+    assert describe({"kind": "char"}) == "char"
+    assert describe({"kind": "char", "chars": "abc"}) == "char (3 characters)"

@@ -100,8 +100,8 @@ def describe(d: dict) -> str:
     if d.get("chat"):
         return f"{describe({k: v for k, v in d.items() if k != 'chat'})} + chat template {d['chat'].get('template')}"
     spec = tokenizer_identity(d)
-    if spec["kind"] == "char":
-        return f"char ({len(spec.get('chars') or ())} characters)"
+    if spec["kind"] == "char":  # (not fitted yet: the corpus's alphabet, known once it is read)
+        return f"char ({len(spec['chars'])} characters)" if spec.get("chars") else "char"
     if spec["kind"] == "tiktoken":
         size = f" ({spec['vocab_size']:,} tokens)" if spec.get("vocab_size") else ""
         return f"tiktoken {spec['name']}{size}"
