@@ -169,6 +169,22 @@ def test_failed_run_leaves_a_failed_summary(tmp_path, data_root, monkeypatch):
     assert api_pb2.Status.Name(end.status) == "STATUS_FAILURE"  # TensorBoard shows the failure too
 
 
+def test_a_run_cut_short_by_a_peer_that_exited_says_so_in_its_summary(tmp_path, data_root, monkeypatch):
+    """Under torchrun, a collective fails when another process has gone (gloo's words): that is
+    the other process's failure, which the summary names, beside gloo's line."""
+    root, data_overrides = data_root
+
+    def gone(*args, **kwargs):
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41386: Connection reset by peer")
+
+    monkeypatch.setattr(steps, "apply_or_skip", gone)
+    with pytest.raises(RuntimeError):
+        train(compose([*QUICK, *data_overrides, f"paths.data_dir={root}"], tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("another process of this run exited (RuntimeError: [../gloo")
+
+
 def test_public_step_and_evaluate_api(tmp_path, data_root):
     """What benchmarks and notebooks drive: build a run, take steps, evaluate, save."""
     root, data_overrides = data_root
