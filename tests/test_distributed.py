@@ -282,12 +282,12 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, data_root):
 
 @pytest.mark.slow
 def test_a_mistake_rank_0_meets_alone_is_one_line_on_every_rank(tmp_path, data_root):
-    """Rank 0 alone prepares the data and refuses it (one document cannot be split by documents):
+    """Rank 0 alone prepares the data and refuses it (a corpus of blank lines holds no document):
     the other process, waiting for it at a barrier, says in one line why it stops instead of
     burying rank 0's error under torch.distributed's traceback."""
     root, _ = data_root
-    corpus = tmp_path / "one.txt"
-    corpus.write_text("one document and nothing else " * 200)
+    corpus = tmp_path / "blank.txt"
+    corpus.write_text("  \n\n  \n")
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1"}
     args = [
         "data=local",
@@ -299,9 +299,9 @@ def test_a_mistake_rank_0_meets_alone_is_one_line_on_every_rank(tmp_path, data_r
     proc = subprocess.run([*TORCHRUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert out.count("error: splitting by documents needs at least 2 documents") == 1, out[-3000:]
+    assert out.count("error: the corpus is empty") == 1, out[-3000:]
     # told by rank 0 through the rendezvous store (gpt.runtime.alarm), its reason with it
-    assert "error: process 1 of 2 stops because process 0 of 2 failed: splitting by documents" in out, out[-3000:]
+    assert "error: process 1 of 2 stops because process 0 of 2 failed: the corpus is empty" in out, out[-3000:]
     assert "[rank1]" not in out and "Error executing job" not in out, out[-3000:]
     # the failed process exits first, so that torchrun's summary names it (not the one it left alone)
     assert "rank      : 0 (local_rank: 0)" in out.split("Root Cause")[-1].split("=====")[0], out[-3000:]
@@ -506,8 +506,8 @@ def test_under_srun_a_rank_waiting_where_it_cannot_see_a_peer_fail_is_stopped(tm
     stopped within seconds with rank 0's reason. And a healthy run under srun ends with status 0
     on both tasks (no process is stopped when rank 0, the store's host, exits first)."""
     root, data_overrides = data_root
-    corpus = tmp_path / "one.txt"
-    corpus.write_text("one document and nothing else " * 200)
+    corpus = tmp_path / "blank.txt"
+    corpus.write_text("  \n\n  \n")
     blind = hooked_pythonpath(
         tmp_path / "hooks",
         "import os, time\n"
@@ -519,8 +519,8 @@ def test_under_srun_a_rank_waiting_where_it_cannot_see_a_peer_fail_is_stopped(tm
     args = ["data=local", f"data.source.path={corpus}", "data.tokenizer.kind=char", "device=cpu"]
     codes, (first, second), took = _srun([*args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path, env, timeout=90)
     assert codes == [2, 1], first[-2000:] + second[-2000:]
-    assert "error: splitting by documents needs at least 2 documents" in first, first[-2000:]
-    assert "error: process 1 of 2 stops because process 0 of 2 failed: splitting by documents" in second, second[-2000:]
+    assert "error: the corpus is empty" in first, first[-2000:]
+    assert "error: process 1 of 2 stops because process 0 of 2 failed: the corpus is empty" in second, second[-2000:]
     assert took < 60, took
 
     env["PYTHONPATH"] = str(REPO)

@@ -179,9 +179,11 @@ def prepare(
     # The shards were checksummed as they were written: the next start needs not read them again.
     stamps = {shard_name(split, i): stamp(out_dir / shard_name(split, i)) for split in SPLITS for i in range(len(shards[split]))}
     write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), stamps)
+    one = len(doc_lengths) == 1 and settings.get("split_by", "documents") == "documents"
     log(
         f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
         f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))"
+        + (f"; one document: its last {val_fraction:.0%} validates (as data.split_by=tail)" if one else "")
     )
     return meta
 
@@ -233,9 +235,9 @@ def _tokenize_and_shard(
         if not doc_lengths:
             raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
         stream = np.memmap(stream_path, dtype=dtype, mode="r") if sum(doc_lengths) else np.zeros(0, dtype)
-        parts = _split(
-            stream, np.array(doc_lengths), val_fraction, settings.get("split_by", "documents"), int(settings.get("seed", 0))
-        )
+        # one document (a single file: the usual own corpus) cannot be split by documents: by its tail
+        split_by = "tail" if len(doc_lengths) == 1 else settings.get("split_by", "documents")
+        parts = _split(stream, np.array(doc_lengths), val_fraction, split_by, int(settings.get("seed", 0)))
         shards, sums = {}, {}
         for split in SPLITS:
             shards[split], sums[split] = _write_shards(
@@ -305,9 +307,7 @@ def _split(stream: np.ndarray, lengths: np.ndarray, val_fraction: float, split_b
         return {"train": [stream[:cut]], "val": [stream[cut:]]}
     if split_by != "documents":
         raise TinyGPTError(f"data.split_by={split_by!r} is unknown; use documents or tail")
-    n = len(lengths)
-    if n < 2:
-        raise TinyGPTError("splitting by documents needs at least 2 documents; this corpus has 1: use data.split_by=tail")
+    n = len(lengths)  # at least 2: prepare splits a single document by its tail
     n_val = min(n - 1, max(1, round(n * val_fraction)))
     is_val = np.zeros(n, dtype=bool)
     is_val[np.random.default_rng(seed).permutation(n)[:n_val]] = True

@@ -365,3 +365,19 @@ def test_encoding_stopped_early_reads_a_window_ahead_and_leaves_no_process(tmp_p
     closed.join(timeout=60)
     assert not closed.is_alive() and not multiprocessing.active_children()
     assert len(read) <= (2 * 2 + 1) * prepare._CHUNK_DOCS
+
+
+def test_a_single_document_is_split_by_its_tail(tmp_path):
+    """One file is one document, which cannot be split by documents (the default): its last
+    val_fraction validates, as data.split_by=tail would have it, and the line says so."""
+    text = tmp_path / "roman.txt"
+    text.write_text("Of arms and the man I sing, who first from the shores of Troy came. " * 40)
+    said: list[str] = []
+    base = data_settings("one", {"kind": "local", "path": str(text)}, {"kind": "byte"})
+    from gpt.data import load_data
+
+    one = load_data(base, tmp_path / "root", log=said.append)
+    tail = load(replace(base, name="tail", split_by="tail"), tmp_path / "root")
+    assert [s.tolist() for s in one.train] == [s.tolist() for s in tail.train]
+    assert [s.tolist() for s in one.val] == [s.tolist() for s in tail.val] and sum(len(s) for s in one.val) > 0
+    assert any("one document: its last 25% validates (as data.split_by=tail)" in line for line in said), said
