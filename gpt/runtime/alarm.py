@@ -144,6 +144,14 @@ def peer_gone(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(s in str(error) for s in PEER_GONE)
 
 
+def cut_short(error: BaseException) -> str:
+    """What a process whose collective a gone peer cut short (`peer_gone`) records as its error,
+    until the other process's own reason replaces it (`news`)."""
+    from gpt.errors import one_line
+
+    return f"another process of this run exited ({one_line(error)})"
+
+
 def news(wait_s: float) -> str | None:
     """The failure another process announced ("process 0 of 8 failed: ..."), waiting up to
     `wait_s` for it: for a process whose collective failed because a peer has gone. The first

@@ -198,7 +198,7 @@ class Trainer:
             failed = not isinstance(e, (KeyboardInterrupt, Preempted))
             oom = out_of_memory(e)
             # a collective cut short by a peer that exited is that peer's failure, not this process's
-            reason = f"another process of this run exited ({one_line(e)})" if alarm.peer_gone(e) else one_line(oom or e)
+            reason = alarm.cut_short(e) if alarm.peer_gone(e) else one_line(oom or e)
             self.records.summary.update(
                 status="failed" if failed else "interrupted",
                 error=reason if failed else None,
