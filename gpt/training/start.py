@@ -153,9 +153,10 @@ def started_with(source: Path) -> str:
     them (Hydra's record, <run>/.hydra/overrides.yaml), where there is one."""
     import yaml  # omegaconf's own dependency
 
-    record = next(
-        (f / ".hydra" / "overrides.yaml" for f in Path(source).parents if (f / ".hydra" / "overrides.yaml").is_file()), None
-    )
+    # a step checkpoint sits in <run>/checkpoints/; one elsewhere has no run record to read
+    source = Path(source)
+    record = source.parent.parent / ".hydra" / "overrides.yaml" if source.parent.name == "checkpoints" else None
+    record = record if record is not None and record.is_file() else None
     try:
         given = [str(o) for o in (yaml.safe_load(record.read_text()) or [])] if record is not None else []
     except (OSError, yaml.YAMLError):
