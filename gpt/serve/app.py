@@ -118,13 +118,14 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
         req = _parse(await _json_body(request, settings.max_body_bytes), ChatCompletionRequest)
         served = _pick_model(req, by_id, models)
         prompt = _chat_prompt(req, served, settings)
-        max_tokens = req.max_completion_tokens or req.max_tokens or settings.max_tokens
+        asked = req.max_completion_tokens or req.max_tokens
         if req.n > settings.max_n:
             raise ApiError(400, f"n = {req.n} exceeds this server's limit of {settings.max_n}", param="n")
-        if max_tokens > settings.max_tokens:
-            raise ApiError(
-                400, f"max_tokens {max_tokens} exceeds this server's limit of {settings.max_tokens}", param="max_tokens"
-            )
+        if asked is not None and asked > settings.max_tokens:
+            raise ApiError(400, f"max_tokens {asked} exceeds this server's limit of {settings.max_tokens}", param="max_tokens")
+        # Absent a max, as OpenAI's: the room left in the model's context, so that the reply never
+        # slides its own prompt out of the window (at least 1 token; at most the server's limit).
+        max_tokens = asked or min(settings.max_tokens, max(1, served.block_size - len(prompt)))
         reply = ChatReply(req, served.id, req.n, len(prompt))
         return await run(request, req, served, [prompt], _sampling(req, max_tokens), reply)
 

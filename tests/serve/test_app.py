@@ -19,11 +19,12 @@ import torch
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
+from gpt.chat.template import ChatTokenizer  # noqa: E402
 from gpt.config import ServeConfig  # noqa: E402
 from gpt.model import GPT, GPTConfig  # noqa: E402
 from gpt.serve.app import ServedModel, create_app  # noqa: E402
 from gpt.serve.engine import Engine  # noqa: E402
-from gpt.tokenizers import CharTokenizer  # noqa: E402
+from gpt.tokenizers import ByteTokenizer, CharTokenizer  # noqa: E402
 
 ALPHABET = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -33,9 +34,12 @@ def served():
     """(port, model) of an app on a free port, with max_streams=1."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=len(ALPHABET), block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
-    tok = CharTokenizer(list(ALPHABET))
+    yield from _serving(model, CharTokenizer(list(ALPHABET)), ServeConfig(max_streams=1, max_tokens=10**6))
+
+
+def _serving(model, tok, settings: ServeConfig):
     engine = Engine(model, tok, max_batch=4)
-    app = create_app([ServedModel("tiny", engine, tok, 16, "memory")], ServeConfig(max_streams=1, max_tokens=10**6))
+    app = create_app([ServedModel("tiny", engine, tok, model.config.block_size, "memory")], settings)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -51,10 +55,12 @@ def served():
     engine.close()
 
 
-def _post(port: int, body: dict, content_type: str | None = "application/json") -> tuple[int, bytes, dict]:
+def _post(
+    port: int, body: dict, content_type: str | None = "application/json", path: str = "/v1/completions"
+) -> tuple[int, bytes, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Content-Type": content_type} if content_type else {}  # http.client adds none of its own
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
+    conn.request("POST", path, body=json.dumps(body), headers=headers)
     response = conn.getresponse()
     data = response.read()
     conn.close()
@@ -206,3 +212,38 @@ def test_json_with_parameters_or_in_capitals_is_json(served, content_type):
     port, _ = served
     status, data, _ = _post(port, {"prompt": "ab", "max_tokens": 3}, content_type=content_type)
     assert status == 200 and len(json.loads(data)["choices"][0]["text"]) == 3
+
+
+@pytest.fixture
+def chatting():
+    """The port of an app serving a chat model (context 32) that never ends a turn: its LM head
+    is zero, so every logit ties and greedy decoding picks id 0, an ordinary byte, each step."""
+    tok = ChatTokenizer(ByteTokenizer())
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16, tie_embeddings=False)
+    model = GPT(config).eval()
+    torch.nn.init.zeros_(model.lm_head.weight)
+    yield from _serving(model, tok, ServeConfig(max_tokens=40))
+
+
+def test_a_chat_reply_without_max_tokens_fills_the_room_left_in_the_context(chatting):
+    """Absent max_tokens (and max_completion_tokens), as OpenAI's: block_size minus the prompt,
+    at least 1, at most the server's limit; never the server's limit past the context, where the
+    window would slide the reply's own prompt out. A max given is kept as it is."""
+    port, _ = chatting
+
+    def chat(text: str, **body) -> dict:
+        request = {"messages": [{"role": "user", "content": text}], "temperature": 0, **body}
+        status, data, _ = _post(port, request, path="/v1/chat/completions")
+        assert status == 200, data
+        return json.loads(data)["usage"]
+
+    usage = chat("hi")
+    assert usage["prompt_tokens"] < 32 and usage["total_tokens"] == 32, usage  # the context's room, not 40
+    full = "x" * (32 - usage["prompt_tokens"] + 2)  # a byte a character: the prompt fills the context
+    assert chat(full)["prompt_tokens"] == 32 and chat(full)["completion_tokens"] == 1  # no room: 1 token
+    assert chat("hi", max_tokens=35)["completion_tokens"] == 35  # given: kept, past the context too
+    assert chat("hi", max_completion_tokens=3)["completion_tokens"] == 3
+    status, data, _ = _post(
+        port, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 41}, path="/v1/chat/completions"
+    )
+    assert status == 400 and json.loads(data)["error"]["param"] == "max_tokens"
