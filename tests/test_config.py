@@ -179,6 +179,24 @@ def test_debug_tiny_is_a_tiny_run():
     assert (lstm.arch, lstm.n_layer, lstm.n_embd, lstm.block_size) == ("lstm", 1, 18, 16)
 
 
+@pytest.mark.parametrize(
+    "overrides, told",
+    [
+        (["model=gru", "model.attention=manual"], "model.attention is a GPT setting; model=gru has none"),
+        (["model=lstm", "model.n_head=2"], "model.n_head is a GPT setting; model=lstm has none"),
+        (["model=gpt-micro", "model.n_hidden=64"], "model.n_hidden is a recurrent model's setting; model=gpt-micro is a GPT"),
+    ],
+)
+def test_a_setting_of_the_other_kind_of_model_is_named_so_not_unknown(overrides, told):
+    """A GPT's setting under a recurrent model (or the reverse) is no typo: the error says whose
+    setting it is and how to fix it, where a misspelt one stays unknown."""
+    with pytest.raises(TinyGPTError) as e:
+        compose("config", overrides)
+    assert str(e.value).startswith(told) and "drop " + overrides[1].split("=")[0] in str(e.value), e.value
+    with pytest.raises(TinyGPTError, match="unknown setting 'model.atention'"):
+        compose("config", ["model=gru", "model.atention=manual"])
+
+
 def test_data_dir_follows_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYGPT_DATA_DIR", str(tmp_path / "elsewhere"))
     assert compose("config", []).paths.data_root() == tmp_path / "elsewhere"

@@ -20,6 +20,7 @@ from typing import NoReturn, TypeVar
 from hydra.errors import CompactHydraException
 
 from gpt.config import MuonSettings, expected_type, register_schemas
+from gpt.config.model import other_kinds_setting
 from gpt.errors import TinyGPTError, one_line
 from gpt.runtime import alarm
 from gpt.runtime.preemption import Preempted
@@ -275,6 +276,10 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
         # A real optim setting the composed group lacks: one of optim=muon's, under optim=adamw.
         if section == "optim" and leaf in {f.name for f in fields(MuonSettings)}:
             return f"{key} is a Muon setting and this run uses optim=adamw (an experiment may pin it); add optim=muon"
+        model = getattr(cause, "parent_node", None) if section == "model" else None  # the composed model section
+        told = other_kinds_setting(key, *(model.get(k) for k in ("arch", "name"))) if model is not None else None
+        if told:  # a GPT's setting under model=gru, or the reverse
+            return told
         return f"unknown setting {key!r}; list the valid keys with `{command} --cfg job`"
     if isinstance(cause, MissingMandatoryValue) and key:
         return f"{key} is required; set it on the command line, e.g. {key}=..."

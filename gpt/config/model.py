@@ -207,6 +207,28 @@ def config_from_dict(d: dict) -> GPTConfig | RNNConfig:
     raise TinyGPTError(f"model.arch={arch!r} is unknown; use one of {', '.join(ARCHS)}")
 
 
+def other_kinds_setting(key: str, arch: str | None, name: str | None = None) -> str | None:
+    """The refusal of `key`, a setting the composed model (`arch`, preset `name`) does not have,
+    when it is a setting of the other kind of model: `model.attention` under model=gru is no typo
+    but a GPT's setting that a recurrent model has no use for (and `model.n_hidden` the reverse).
+    None for a key no model has."""
+    section, _, leaf = key.rpartition(".")
+    if section != "model" or arch is None:
+        return None
+    gpt, rnn = {f.name for f in fields(GPTConfig)}, {f.name for f in fields(RNNConfig)}
+    if arch in RECURRENT and leaf in gpt - rnn:
+        return (
+            f"{key} is a GPT setting; model={arch} has none (a recurrent model has no attention, heads or block "
+            f"options): drop {key}, or train a GPT (e.g. model=gpt-micro)"
+        )
+    if arch == "gpt" and leaf in rnn - gpt:
+        return (
+            f"{key} is a recurrent model's setting; model={name or 'gpt'} is a GPT and has none: drop {key}, "
+            f"or train a recurrent model (model=lstm, gru or rnn)"
+        )
+    return None
+
+
 def as_given(config: GPTConfig | RNNConfig) -> dict:
     """A config's record as a user would write it: the derived values that follow from the others
     (what null resolves to) shown as null, so that comparing two configs names what was set, not

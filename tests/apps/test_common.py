@@ -35,7 +35,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
         (["data.num_proc=abc"], "data.num_proc must be an integer or null, got 'abc'"),
         (["data.max_tokens=-5"], "data.max_tokens must be a positive integer"),
         (["train.batch_size=0"], "train.batch_size must be a positive integer"),
-        (["model=lstm", "model.n_head=4"], "unknown setting 'model.n_head'"),
+        (["model=lstm", "model.n_head=4"], "model.n_head is a GPT setting; model=lstm has none"),
     ],
 )
 def test_compose_refuses_mistakes_in_one_line(overrides, message):
