@@ -92,3 +92,19 @@ def test_a_char_vocabulary_not_yet_fitted_is_described_without_a_count():
 
     assert describe({"kind": "char"}) == "char"
     assert describe({"kind": "char", "chars": "abc"}) == "char (3 characters)"
+
+
+def test_two_bpes_of_the_same_settings_say_that_their_merges_differ():
+    """A BPE fitted again on a changed corpus prints as the old one did ('bpe (300 tokens)'): a
+    refusal of the pair says what does differ (the merges, by their tokenizer.json's hash) and
+    how to get them back, not 'bpe (300 tokens) vs bpe (300 tokens)'."""
+    from gpt.tokenizers import difference, require_same
+    from gpt.tokenizers.bpe import train_bpe
+
+    text = ["the quick brown fox jumps over the lazy dog " * 20]
+    old, new = train_bpe(text, 270).to_dict(), train_bpe([*text, "zebra quartz " * 30], 270).to_dict()
+    said = difference(old, new)
+    assert "other merges" in said and "put the text back as it was" in said, said
+    assert said.count("bpe (270 tokens)") == 1
+    with pytest.raises(TinyGPTError, match="other merges .tokenizer.json sha256 [0-9a-f]{12} vs [0-9a-f]{12}"):
+        require_same(old, new, "the checkpoint's tokenizer differs from this data's", "fix")

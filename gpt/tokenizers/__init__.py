@@ -122,7 +122,23 @@ def difference(model: dict, data: dict) -> str:
             only_data
         )
         text += f": {'; '.join(parts) or 'the same characters in another order'}"
+    elif describe(model) == describe(data):  # both sides print alike: say what does differ
+        text = f"{describe(model)} on both sides, but {_unlike(a, b)}"
     return text
+
+
+def _unlike(a: dict, b: dict) -> str:
+    """What differs between two tokenizer identities that describe() prints alike."""
+    if a.get("sha256") and b.get("sha256") and a["sha256"] != b["sha256"]:
+        sums = f"tokenizer.json sha256 {a['sha256'][:12]} vs {b['sha256'][:12]}"
+        if a["kind"] == "bpe":  # trained when its data was prepared, deterministic for a given text
+            return (
+                f"other merges ({sums}): learnt from other text, as when the corpus changed since one of them was "
+                "prepared; put the text back as it was (it prepares to the same merges) or train a model on this one"
+            )
+        return f"another tokenizer.json ({sums})"
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return "other " + ", ".join(f"{k} ({a.get(k)!r} vs {b.get(k)!r})"[:120] for k in keys)
 
 
 def require_same(model: dict, data: dict, mismatch: str, fix: str) -> None:
