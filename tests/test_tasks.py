@@ -183,6 +183,11 @@ def test_task_mistakes_are_one_line_errors(tmp_path, monkeypatch):
     message = str(offline.value)
     assert "\n" not in message and "cannot reach Hub dataset Rowan/hellaswag" in message
     assert f"{tmp_path / 'tasks' / 'hellaswag.jsonl'}" in message and "task.path=<file>" in message
+    assert "data.source" not in message  # settings of training data, which tinygpt eval does not take
+    with pytest.raises(TinyGPTError) as in_training:  # train.eval_tasks: there is no task.path to pass
+        examples(TaskSettings("hellaswag"), tmp_path, path_setting=False)
+    assert "data.source" not in str(in_training.value) and "task.path" not in str(in_training.value)
+    assert f"{tmp_path / 'tasks' / 'hellaswag.jsonl'}" in str(in_training.value)
     chars = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz :\n?")))
     items = examples(TaskSettings("arc_easy", path=str(_jsonl(tmp_path / "a.jsonl", ARC_HUB))), tmp_path)
     with pytest.raises(
@@ -232,3 +237,14 @@ def test_an_item_that_cannot_be_scored_is_a_one_line_error(tmp_path, record, say
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(TinyGPTError, match="empty.jsonl is empty; it should hold the task's items"):
         examples(TaskSettings("hellaswag", path=str(tmp_path / "empty.jsonl")), tmp_path)
+
+
+def test_malformed_json_items_are_our_one_line_error_alone(tmp_path, capfd):
+    """The datasets library logs 'Failed to load JSON from file ...' before raising; our error
+    says the same, so that line is kept out of what the user sees."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ARC_HUB[0]) + "\n{not json\n")
+    with pytest.raises(TinyGPTError, match="cannot read .*bad.jsonl as json files: JSON parse error"):
+        examples(TaskSettings("arc_easy", path=str(bad)), tmp_path)
+    out, err = capfd.readouterr()
+    assert "Failed to load JSON" not in out + err, err

@@ -24,6 +24,15 @@ from gpt.errors import TinyGPTError
 LOCAL_SUFFIXES = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+class HubUnreachable(TinyGPTError):
+    """A Hub dataset that cannot be reached (offline, no cached copy). `where` names it, for a
+    caller whose user has other settings than data.source.* (an evaluation task) to say its own."""
+
+    def __init__(self, message: str, where: str):
+        super().__init__(message)
+        self.where = where
+
+
 class Documents:
     """A source's documents, opened when iteration starts. `total` is their number once known,
     where the source can tell without reading them (a progress bar's total and ETA); None
@@ -114,11 +123,22 @@ def _texts(dataset, field: str, where: str) -> Iterator[str]:
 def _datasets():
     """The datasets library, with its progress bars off where they would land in a plain log (our
     own bar shows preparation; on a terminal a Hub download keeps its bar)."""
+    import logging
+
     import datasets
 
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()
+    # The json builder logs "Failed to load JSON from file ..." before raising what our one-line
+    # error then says (with the same detail): keep that line out.
+    json_log = logging.getLogger("datasets.packaged_modules.json.json")
+    if _said_by_us not in json_log.filters:
+        json_log.addFilter(_said_by_us)
     return datasets
+
+
+def _said_by_us(record) -> bool:
+    return not str(record.msg).startswith("Failed to load JSON")
 
 
 def _hub(src: SourceSettings) -> tuple[Iterator[str], int | None]:
@@ -139,10 +159,11 @@ def _hub_dataset(src: SourceSettings):
             or "connect" in str(e).lower()
             or "resolve" in str(e).lower()
         ):
-            raise TinyGPTError(
+            raise HubUnreachable(
                 f"cannot reach {where} (offline?); download it once with network (it is then cached), or save it with "
                 f"datasets' save_to_disk and use data.source.kind=disk data.source.path=<folder>, or point "
-                f"data.source.kind=local at its files"
+                f"data.source.kind=local at its files",
+                where,
             ) from None
         raise TinyGPTError(f"cannot load {where}: {str(e).splitlines()[0]}") from None
     return ds, where

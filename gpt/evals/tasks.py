@@ -142,9 +142,10 @@ def local_copy(name: str, data_root: Path) -> Path:
     return Path(data_root) / "tasks" / f"{name}.jsonl"
 
 
-def examples(settings: TaskSettings, data_root: Path) -> list[Example]:
-    """The task's items, the first `limit` of them, parsed."""
-    from gpt.data.sources import records
+def examples(settings: TaskSettings, data_root: Path, path_setting: bool = True) -> list[Example]:
+    """The task's items, the first `limit` of them, parsed. `path_setting`: whether the command
+    takes task.path (tinygpt eval does; training's train.eval_tasks read the local copy or the Hub)."""
+    from gpt.data.sources import HubUnreachable, records
 
     task = task_of(settings.name)
     src = source_of(settings, data_root)
@@ -153,11 +154,17 @@ def examples(settings: TaskSettings, data_root: Path) -> list[Example]:
     try:
         items = _parsed(settings.name, task, records(src, data_root))
         out = list(itertools.islice(items, settings.limit))
+    except HubUnreachable as e:  # its hint names data.source.* settings, which no task command takes
+        elsewhere = " or pass task.path=<file> (a .jsonl or .parquet of its items, or a save_to_disk folder)" * path_setting
+        raise TinyGPTError(
+            f"task {settings.name}: cannot reach {e.where} (offline?); download it once with network (it is then cached), "
+            f"or put the task's items ({task.official}) at {local_copy(settings.name, data_root)}{elsewhere}"
+        ) from None
     except TinyGPTError as e:
         message = str(e).replace("data.source.path", "task.path")  # the source module speaks of data sources
         if src.kind == "hub":
-            message += (
-                f"; or put the task's items ({task.official}) at {local_copy(settings.name, data_root)} or pass task.path=<file>"
+            message += f"; or put the task's items ({task.official}) at {local_copy(settings.name, data_root)}" + (
+                " or pass task.path=<file>" * path_setting
             )
         raise TinyGPTError(f"task {settings.name}: {message}") from None
     if not out:
@@ -196,7 +203,7 @@ def training_items(ts, data_root: Path, tokenizer, log) -> dict[str, list[Exampl
     tokenizer fails now, not at the first eval."""
     out = {}
     for name in ts.eval_tasks:
-        out[name] = examples(TaskSettings(name, limit=ts.eval_task_limit), data_root)
+        out[name] = examples(TaskSettings(name, limit=ts.eval_task_limit), data_root, path_setting=False)
         requests(tokenizer, name, out[name])
         log(f"task {name}: {len(out[name]):,} items scored at every eval")
     return out
