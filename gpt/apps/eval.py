@@ -74,6 +74,7 @@ def _split_tokens(s: EvalConfig, loaded):
     """The tokens of a prepared split: of data=<name> when given, else of the model's own data."""
     from gpt.config import DataSettings
     from gpt.data import load_data
+    from gpt.data.shards import PreparedOtherwise
     from gpt.evals.perplexity import split_tokens
     from gpt.tokenizers import require_same
 
@@ -84,7 +85,11 @@ def _split_tokens(s: EvalConfig, loaded):
             raise TinyGPTError(f"{loaded.source} carries no data settings; pass text_file=<file> or data=<name>")
         if ignored:
             print(f"notice: {loaded.source} records {', '.join(ignored)}, unknown to this tinygpt: ignored", file=sys.stderr)
-    data = load_data(data_settings, s.paths.data_root(), log=lambda *a: None)
+    try:
+        # eval reads prepared data: it prepares data that is not there, never over other data
+        data = load_data(data_settings, s.paths.data_root(), log=lambda m: print(m, file=sys.stderr), replace=False)
+    except PreparedOtherwise as e:
+        raise TinyGPTError(f"{e}; tinygpt eval does not prepare over it: {_prepare_again(s, loaded)}") from None
     require_same(
         loaded.tokenizer_spec,
         data.tokenizer.to_dict(),
@@ -92,6 +97,15 @@ def _split_tokens(s: EvalConfig, loaded):
         "pick data prepared with the model's",
     )
     return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"
+
+
+def _prepare_again(s: EvalConfig, loaded) -> str:
+    """How to prepare the data eval was asked for in place of the other (or beside it)."""
+    from gpt.training.start import recorded_overrides
+
+    ours = recorded_overrides(Path(loaded.source), ("data", "experiment")) if s.data is None and loaded.checkpoint else []
+    command = f"`tinygpt prepare {' '.join(ours)}`" if ours else "`tinygpt prepare` and the same data settings"
+    return f"prepare it again with {command} (in its place, for every run that reads it), or pass data= with another data.name"
 
 
 if __name__ == "__main__":  # python -m gpt.apps.eval, as `tinygpt eval`

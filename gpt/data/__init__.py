@@ -131,22 +131,35 @@ def preparation_settings(data: DataSettings, identity: str) -> dict:
 
 
 def load_data(
-    data: DataSettings, data_root: str | Path, log=print, verify: str | None = None, base_tokenizer: dict | None = None
+    data: DataSettings,
+    data_root: str | Path,
+    log=print,
+    verify: str | None = None,
+    base_tokenizer: dict | None = None,
+    replace: bool = True,
 ) -> Dataset:
     """Prepared data for `data` under `data_root`, preparing it first if need be (or again, if a
     shard was damaged since). `verify`: how the shards' checksums are checked (gpt.data.shards'
     FULL, STAMP or SIZES); None: FULL if data.verify, else STAMP. `base_tokenizer`: the dict form
     of the tokenizer of the model a run starts from (init_from); conversations are tokenized
-    with it (plus the chat template) whatever data.tokenizer says."""
+    with it (plus the chat template) whatever data.tokenizer says. `replace`: whether prepared
+    data of other settings under data.name may be prepared again in its place (with a notice);
+    False refuses it (gpt.data.shards.PreparedOtherwise), for commands that only read data."""
     verify = verify or (FULL if data.verify else STAMP)
     root = Path(data_root).expanduser()
     out_dir = root / data.name
     source = open_source(data.source, root, log=log)
     if is_chat(data, root):
-        return _load_conversations(data, root, source.identity, base_tokenizer, log)
+        return _load_conversations(data, root, source.identity, base_tokenizer, log, replace)
     tokenizer_spec = normalize_spec(asdict(data.tokenizer))
     meta = prepare_documents(
-        source.documents, tokenizer_spec, out_dir, preparation_settings(data, source.identity), log=log, verify=verify
+        source.documents,
+        tokenizer_spec,
+        out_dir,
+        preparation_settings(data, source.identity),
+        log=log,
+        verify=verify,
+        replace=replace,
     )
     return Dataset(
         name=data.name,
@@ -170,7 +183,9 @@ def is_chat(data: DataSettings, data_root: Path) -> bool:
     return is_conversation(first_record(data.source, data_root))
 
 
-def _load_conversations(data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log) -> Conversations:
+def _load_conversations(
+    data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log, replace: bool = True
+) -> Conversations:
     from gpt.data.chat import open_chat_split, prepare_conversations
     from gpt.data.sources import records
 
@@ -179,7 +194,7 @@ def _load_conversations(data: DataSettings, root: Path, identity: str, base_toke
         log("conversations are tokenized with the base model's tokenizer (init_from) and the chat template")
     settings = {"identity": identity, "val_fraction": data.val_fraction, "seed": data.seed, "max_docs": data.max_docs}
     out_dir = root / data.name
-    meta = prepare_conversations(_Lazy(lambda: records(data.source, root, log)), spec, out_dir, settings, log)
+    meta = prepare_conversations(_Lazy(lambda: records(data.source, root, log)), spec, out_dir, settings, log, replace)
     splits = {split: open_chat_split(out_dir, meta, split) for split in ("train", "val")}
     return Conversations(
         data.name, [splits["train"].tokens], [splits["val"].tokens], tokenizer_of(meta), meta, splits, data.length_buckets

@@ -37,7 +37,7 @@ import torch
 
 from gpt.chat.template import NAME as TEMPLATE
 from gpt.chat.template import check_messages, with_template
-from gpt.data.shards import crc32, fingerprint, read_stamps, stamp, token_dtype, write_stamps
+from gpt.data.shards import crc32, fingerprint, read_stamps, replacing, stamp, token_dtype, write_stamps
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.tokenizers import CharTokenizer, tokenizer_from_dict, tokenizer_identity, without_template
@@ -100,9 +100,12 @@ class ChatSplit:
         return self.tokens[a:b], self.mask[a:b]
 
 
-def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path, settings: dict, log=print) -> dict:
+def prepare_conversations(
+    records: Iterable, tokenizer_spec: dict, out_dir: Path, settings: dict, log=print, replace: bool = True
+) -> dict:
     """Prepare the records' conversations into out_dir unless data with the same fingerprint is
-    there; returns its meta. settings: identity (of the source), val_fraction, seed, max_docs."""
+    there; returns its meta. settings: identity (of the source), val_fraction, seed, max_docs.
+    Other prepared data there is replaced with a notice, or refused (`replace` False), as text's."""
     spec = without_template(tokenizer_spec)
     template = tokenizer_spec.get("chat") or {"template": TEMPLATE}  # a Hugging Face tokenizer's own, else tinygpt's
     fitted = (spec["kind"] == "char" and "chars" not in spec) or (spec["kind"] == "bpe" and "json_text" not in spec)
@@ -114,6 +117,9 @@ def prepare_conversations(records: Iterable, tokenizer_spec: dict, out_dir: Path
     meta = read_meta(out_dir, fp)
     if meta is not None:
         return meta
+    other = replacing(out_dir, fp, fp_settings, replace)
+    if other:
+        log(other[1])
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     counted = {"skipped": 0}
     conversations = _conversations(records, settings.get("max_docs"), counted)

@@ -35,6 +35,7 @@ from gpt.data.shards import (
     STAMPS,
     fingerprint,
     read_meta,
+    replacing,
     shard_name,
     stamp,
     token_dtype,
@@ -125,9 +126,12 @@ def prepare(
     log=print,
     progress: bool | None = None,
     verify: str = STAMP,
+    replace: bool = True,
 ) -> dict:
     """Prepare `documents` into out_dir unless prepared data with the same fingerprint is there
-    (intact: `verify` says how its shards' checksums are checked, see read_meta).
+    (intact: `verify` says how its shards' checksums are checked, see read_meta). Prepared data
+    of other settings there is replaced, saying what differs; with `replace` False, refused
+    (gpt.data.shards.replacing).
 
     settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
     num_proc, max_docs, max_tokens, shard_tokens."""
@@ -143,6 +147,7 @@ def prepare(
     meta = read_meta(out_dir, fp, verify, log)
     if meta is not None:
         return meta
+    other = replacing(out_dir, fp, fp_settings, replace)
 
     val_fraction = float(settings["val_fraction"])
     if not 0.0 < val_fraction < 1.0:
@@ -150,6 +155,8 @@ def prepare(
     # Open the source before anything is deleted: a wrong text field or an unreachable dataset
     # must leave earlier prepared data as it was.
     documents, total = _open(documents, settings.get("max_docs"))
+    if other:
+        log(other[1])
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     if fit_bpe:  # before the old data goes: a BPE that cannot be trained leaves it as it was
         tok, documents = _train_bpe(documents, tokenizer_spec, log)

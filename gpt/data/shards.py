@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt.errors import TinyGPTError
 from gpt.runtime import io
-from gpt.tokenizers import Tokenizer, tokenizer_from_dict
+from gpt.tokenizers import Tokenizer, describe, tokenizer_from_dict
 
 FORMAT_VERSION = 2
 SPLITS = ("train", "val")
@@ -132,3 +133,83 @@ def tokenizer_of(meta: dict) -> Tokenizer:
 
 def write_tokens(path: Path, tokens: np.ndarray) -> None:
     io.write_bytes(path, tokens.tobytes())
+
+
+class PreparedOtherwise(TinyGPTError):
+    """Prepared data of other settings is where these would go, and the caller may not replace it."""
+
+
+def replacing(out_dir: Path, expected_fingerprint: str, settings: dict, replace: bool) -> tuple[str, str] | None:
+    """Before preparing into out_dir: what complete prepared data of other settings there (a
+    corpus changed under its data.name, another tokenizer) differs in, and the notice to say once
+    it is prepared again in its place; refused with it where `replace` is False (a command that
+    only reads prepared data: tinygpt eval). None for a folder without a meta, or one with this
+    fingerprint (damaged shards: read_meta said so)."""
+    try:
+        old = json.loads((out_dir / "meta.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or old.get("fingerprint") == expected_fingerprint:
+        return None
+    before = old.get("settings") if isinstance(old.get("settings"), dict) else {}
+    changes = what_differs(before, settings)
+    if not replace:
+        raise PreparedOtherwise(f"{out_dir} holds data prepared with other settings than these ({changes})")
+    moved = before.get("identity") != settings.get("identity") and settings.get("split_by") != "tail"
+    return changes, (
+        f"notice: {out_dir} holds data prepared with other settings ({changes}); preparing it again, in its place"
+        + ("; documents may move between train and val (a resumed run may validate on some it trained on)" if moved else "")
+    )
+
+
+def changes_of(old: dict, new: dict) -> list[str]:
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def what_differs(old: dict, new: dict) -> str:
+    """The settings of two preparations, compared: 'the corpus: 1 file added (c.txt); tokenizer:
+    char there, byte here'."""
+    parts = []
+    for key in changes_of(old, new):
+        there, here = old.get(key), new.get(key)
+        if key == "identity":
+            parts.append(_source_change(str(there), str(here)))
+        elif key == "tokenizer" and isinstance(there, dict) and isinstance(here, dict):
+            a, b = _described(there), _described(here)
+            parts.append(f"tokenizer: {a} there, {b} here" if a != b else "tokenizer: other settings of the same kind")
+        elif key == "chat":
+            parts.append("another chat template")
+        else:
+            parts.append(f"data.{key}: {there} there, {here} here")
+    return "; ".join(parts) or "an earlier format of prepared data"
+
+
+def _described(identity: dict) -> str:
+    try:
+        return describe(identity)
+    except TinyGPTError:
+        return str(identity.get("kind"))
+
+
+def _source_change(there: str, here: str) -> str:
+    """How a source's identity changed (gpt.data.sources): which local files, else the two."""
+    a, b = _local_files(there), _local_files(here)
+    if a is None or b is None or there.split(" ", 3)[:3] != here.split(" ", 3)[:3]:
+        return f"the source: {there[:80]} there, {here[:80]} here"
+    added, removed = sorted(set(b) - set(a)), sorted(set(a) - set(b))
+    changed = sorted(f for f in set(a) & set(b) if a[f] != b[f])
+    named = lambda files: ", ".join(Path(f).name for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")  # noqa: E731
+    said = [
+        f"{len(fs)} {what} ({named(fs)})" for fs, what in ((added, "added"), (removed, "removed"), (changed, "changed")) if fs
+    ]
+    return f"the corpus's files changed since: {', '.join(said)}" if said else "the corpus: the same files"
+
+
+def _local_files(identity: str) -> dict | None:
+    """{path: size and mtime} of a local source's identity ('local <unit> <field> <path>:<size>:<mtime>;...')."""
+    words = identity.split(" ", 3)
+    if len(words) < 4 or words[0] != "local":
+        return None
+    return {
+        p: f"{size}:{mtime}" for p, size, mtime in (item.rsplit(":", 2) for item in words[3].split(";") if item.count(":") >= 2)
+    }

@@ -151,6 +151,15 @@ def _check_same_run(resumed, source: Path, settings: RunConfig) -> None:
 def started_with(source: Path) -> str:
     """How to pass a run's data and optimizer again: what its last start's command line set of
     them (Hydra's record, <run>/.hydra/overrides.yaml), where there is one."""
+    ours = recorded_overrides(source, ("data", "optim", "experiment"))
+    if not ours:
+        return "pass the data and optimizer settings it was started with again"
+    return "pass again what its last start passed of them: " + " ".join(ours)
+
+
+def recorded_overrides(source: Path, groups: tuple[str, ...]) -> list[str]:
+    """What the last start of the run a checkpoint belongs to passed on its command line of the
+    settings `groups` (Hydra's record, <run>/.hydra/overrides.yaml); [] without a record."""
     import yaml  # omegaconf's own dependency
 
     # a step checkpoint sits in <run>/checkpoints/; one elsewhere has no run record to read
@@ -161,10 +170,7 @@ def started_with(source: Path) -> str:
         given = [str(o) for o in (yaml.safe_load(record.read_text()) or [])] if record is not None else []
     except (OSError, yaml.YAMLError):
         given = []
-    ours = [o for o in given if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in ("data", "optim", "experiment")]
-    if not ours:
-        return "pass the data and optimizer settings it was started with again"
-    return "pass again what its last start passed of them: " + " ".join(ours)
+    return [o for o in given if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in groups]
 
 
 def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:

@@ -132,3 +132,28 @@ def test_eval_runs_its_forward_passes_under_the_runtime_autocast(tmp_path, train
         losses[dtype] = float(capsys.readouterr().out.split("loss ")[1].split(",")[0])
     # the same loss up to bf16's rounding (which the 4 printed decimals may or may not show)
     assert abs(losses["bfloat16"] - losses["float32"]) < 0.05 * losses["float32"]
+
+
+def test_eval_does_not_prepare_over_data_prepared_with_another_tokenizer(tmp_path, trained_run):
+    """The model's data.name holds data prepared with other settings (here another tokenizer,
+    for another run): eval refuses in one line, saying what differs and how to prepare the
+    model's, and leaves that data as it was (it used to prepare the model's over it, unsaid)."""
+    _, run_dir, _ = trained_run
+    root = tmp_path / "root"
+    (tmp_path / "corpus.txt").write_text("Another corpus, prepared under the model's data.name.\n" * 40)
+    other = [
+        "data=local",
+        f"data.source.path={tmp_path / 'corpus.txt'}",
+        "data.name=shakespeare_char",
+        "data.tokenizer.kind=byte",
+    ]
+    assert run_script("prepare", other, tmp_path, root).returncode == 0
+    meta = (root / "shakespeare_char" / "meta.json").read_bytes()
+    proc = run_script("eval", [f"run_dir={run_dir}"], tmp_path, root)
+    assert_one_line_error(
+        proc,
+        "holds data prepared with other settings",
+        "tokenizer: byte there, char here",
+        "tinygpt prepare data=shakespeare_char",
+    )
+    assert (root / "shakespeare_char" / "meta.json").read_bytes() == meta

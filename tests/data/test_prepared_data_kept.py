@@ -1,0 +1,41 @@
+"""gpt/data: prepared data under a data.name is not replaced unsaid: a preparation of other
+settings (another tokenizer, a changed corpus) is replaced with a notice saying what differs, or
+refused where the caller only reads (tinygpt eval).
+Run: pytest tests/data/test_prepared_data_kept.py"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt.data import load_data
+from gpt.data.shards import PreparedOtherwise
+from helpers import data_settings, load, write_corpus
+
+
+def _local(name: str, path, kind: str = "byte", **kw):
+    return data_settings(name, {"kind": "local", "path": str(path)}, {"kind": kind}, **kw)
+
+
+def test_a_changed_corpus_or_tokenizer_is_prepared_again_saying_what_differs(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", "txt")
+    root = tmp_path / "root"
+    load(_local("notes", corpus), root)
+    (corpus / "zz-new.txt").write_text("A document added since the data was prepared.")
+    said = []
+    load_data(_local("notes", corpus), root, log=said.append)
+    notice = [m for m in said if m.startswith("notice:")]
+    assert len(notice) == 1 and "1 added (zz-new.txt)" in notice[0] and "documents may move between train and val" in notice[0]
+    said.clear()
+    load_data(_local("notes", corpus, kind="char"), root, log=said.append)
+    assert any("tokenizer: byte there, char here" in m for m in said if m.startswith("notice:"))
+
+
+def test_a_reader_refuses_to_prepare_over_data_of_other_settings(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", "txt")
+    root = tmp_path / "root"
+    meta = load(_local("notes", corpus, kind="char"), root).meta
+    with pytest.raises(PreparedOtherwise, match="tokenizer: char there, byte here"):
+        load_data(_local("notes", corpus), root, log=lambda *a: None, replace=False)
+    assert load(_local("notes", corpus, kind="char"), root).meta == meta  # untouched
+    # nothing prepared there yet: a reader prepares it
+    assert load_data(_local("fresh", corpus), root, log=lambda *a: None, replace=False).meta["tokenizer"]["kind"] == "byte"
