@@ -17,6 +17,7 @@ time. Two kinds of data, behind one interface (`Dataset`), so that training neve
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 from gpt.config import DataSettings
 from gpt.data.prepare import prepare as prepare_documents
 from gpt.data.shards import FULL, STAMP, open_split, tokenizer_of
-from gpt.data.sources import open_source
+from gpt.data.sources import Documents, Source, SourceMissing, open_source, prepared_from
 from gpt.errors import TinyGPTError
 from gpt.tokenizers import Tokenizer, normalize_spec
 
@@ -148,8 +149,11 @@ def load_data(
     verify = verify or (FULL if data.verify else STAMP)
     root = Path(data_root).expanduser()
     out_dir = root / data.name
-    source = open_source(data.source, root, log=log)
-    if is_chat(data, root):
+    try:
+        source, chat = open_source(data.source, root, log=log), None
+    except SourceMissing as missing:
+        source, chat = _without_source(data, out_dir, missing)
+    if chat if chat is not None else is_chat(data, root):
         return _load_conversations(data, root, source.identity, base_tokenizer, log, replace)
     tokenizer_spec = normalize_spec(asdict(data.tokenizer))
     meta = prepare_documents(
@@ -168,6 +172,29 @@ def load_data(
         tokenizer=tokenizer_of(meta),
         meta=meta,
     )
+
+
+def _without_source(data: DataSettings, out_dir: Path, missing: SourceMissing) -> tuple[Source, bool]:
+    """A local or save_to_disk source that is gone (moved, deleted) with its data prepared: the
+    source as it was when prepared (its recorded identity; its documents raise `missing`), and
+    whether that data is conversations. The prepared tokens carry everything training, resuming
+    and evaluating read (the tokenizer is in meta.json); the raw files only serve to prepare
+    them again, and refusing without them would strand tokens that nothing else can recreate.
+    So they are used whenever nothing asks for another preparation: the settings that decide the
+    tokens are the same as when they were prepared (a change there still needs the source, and
+    says so). Only data prepared from this very path counts: its files were under it."""
+    try:
+        meta = json.loads((out_dir / "meta.json").read_bytes())
+        identity = meta["settings"]["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise missing from None
+    if not isinstance(identity, str) or not prepared_from(data.source, identity):
+        raise missing
+
+    def gone():
+        raise missing
+
+    return Source(Documents(gone), identity), meta.get("kind") == "chat"
 
 
 def is_chat(data: DataSettings, data_root: Path) -> bool:

@@ -42,6 +42,7 @@ from gpt.data.shards import (
     write_stamps,
     write_tokens,
 )
+from gpt.data.sources import SourceMissing
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
@@ -154,7 +155,15 @@ def prepare(
         raise TinyGPTError(f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     # Open the source before anything is deleted: a wrong text field or an unreachable dataset
     # must leave earlier prepared data as it was.
-    documents, total = _open(documents, settings.get("max_docs"))
+    try:
+        documents, total = _open(documents, settings.get("max_docs"))
+    except SourceMissing as e:  # files gone, their tokens prepared otherwise (gpt.data.load_data)
+        raise TinyGPTError(
+            f"{e}; {out_dir} was prepared from it with other settings ({other[0]}): pass those to use it, or put the "
+            "source back to prepare it again"
+            if other
+            else f"{e}; {out_dir}, prepared from it, must be prepared again (a shard was damaged): put the source back"
+        ) from None
     if other:
         log(other[1])
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")

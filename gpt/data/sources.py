@@ -10,6 +10,7 @@ Hub datasets use the Hugging Face cache, as everywhere else.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import sys
@@ -22,6 +23,11 @@ from gpt.data.download import ensure_file
 from gpt.errors import TinyGPTError
 
 LOCAL_SUFFIXES = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+class SourceMissing(TinyGPTError):
+    """A local or save_to_disk source whose files are not there (moved, deleted): its prepared
+    data may still be used (gpt.data.load_data)."""
 
 
 class HubUnreachable(TinyGPTError):
@@ -82,7 +88,7 @@ def _hub_source(src: SourceSettings, data_root: Path, log) -> Source:
 def _disk_source(src: SourceSettings, data_root: Path, log) -> Source:
     path = Path(src.path).expanduser()
     if not path.exists():
-        raise TinyGPTError(f"data.source.path={path} does not exist; point it at a folder written by datasets' save_to_disk")
+        raise SourceMissing(f"data.source.path={path} does not exist; point it at a folder written by datasets' save_to_disk")
     stamp = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(path.rglob("*")) if p.is_file())
     return Source(Documents(lambda: _disk(src)), f"disk {path} {src.split} {src.text_field} {stamp}")
 
@@ -92,6 +98,21 @@ def _local_source(src: SourceSettings, data_root: Path, log) -> Source:
     stamp = ";".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
     cache = data_root / ".datasets-cache"  # streaming writes only lock files, but somewhere
     return Source(Documents(lambda: _local(src, files, cache)), f"local {src.doc_unit} {src.text_field} {stamp}")
+
+
+def prepared_from(src: SourceSettings, identity: str) -> bool:
+    """Whether a source identity (recorded with prepared data) is of these settings' local files
+    or save_to_disk folder: the same reading of them, every file at or under data.source.path
+    (or matching it as a glob)."""
+    path = str(Path(src.path).expanduser())
+    if src.kind == "disk":
+        return identity.startswith(f"disk {path} {src.split} {src.text_field} ")
+    head = f"local {src.doc_unit} {src.text_field} "
+    if src.kind != "local" or not identity.startswith(head):
+        return False
+    files = [item.rsplit(":", 2)[0] for item in identity[len(head) :].split(";") if item.count(":") >= 2]
+    under = path.rstrip("/") + "/"
+    return bool(files) and all(f == path or f.startswith(under) or fnmatch.fnmatchcase(f, path) for f in files)
 
 
 def _url_documents(src: SourceSettings, data_root: Path, log) -> Iterator[str]:
@@ -199,7 +220,7 @@ def local_files(pattern: str) -> list[Path]:
     else:
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
-            raise TinyGPTError(f"data.source.path={pattern}: no such file or folder, and no files match it as a glob")
+            raise SourceMissing(f"data.source.path={pattern}: no such file or folder, and no files match it as a glob")
     unsupported = sorted({p.suffix or p.name for p in files if p.suffix not in LOCAL_SUFFIXES})
     if unsupported:
         raise TinyGPTError(f"unsupported file type(s) {', '.join(unsupported)} in {pattern}; use .txt, .md, .jsonl or .parquet")

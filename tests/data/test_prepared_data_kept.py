@@ -1,19 +1,41 @@
-"""gpt/data: prepared data under a data.name is not replaced unsaid: a preparation of other
-settings (another tokenizer, a changed corpus) is replaced with a notice saying what differs, or
-refused where the caller only reads (tinygpt eval).
+"""gpt/data: prepared data under a data.name is not lost or replaced unsaid: tokens prepared from
+local files stay usable once the files are gone; a preparation of other settings (another
+tokenizer, a changed corpus) is replaced with a notice saying what differs, or refused where the
+caller only reads (tinygpt eval).
 Run: pytest tests/data/test_prepared_data_kept.py"""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
 from gpt.data import load_data
 from gpt.data.shards import PreparedOtherwise
+from gpt.errors import TinyGPTError
 from helpers import data_settings, load, write_corpus
 
 
 def _local(name: str, path, kind: str = "byte", **kw):
     return data_settings(name, {"kind": "local", "path": str(path)}, {"kind": kind}, **kw)
+
+
+def test_prepared_local_data_is_used_once_its_files_are_gone(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", "txt")
+    root = tmp_path / "root"
+    first = load(_local("notes", corpus), root)
+    shutil.move(corpus, tmp_path / "moved")
+    again = load(_local("notes", corpus), root)  # nothing asks for another preparation: the tokens as they are
+    assert again.meta == first.meta and [list(s) for s in again.val] == [list(s) for s in first.val]
+    # a setting that decides the tokens changed: that needs the files, and says what differs
+    with pytest.raises(TinyGPTError) as changed:
+        load(_local("notes", corpus, seed=4), root)
+    message = str(changed.value)
+    assert "no such file or folder" in message and "data.seed: 3 there, 4 here" in message and "\n" not in message
+    assert load(_local("notes", corpus), root).meta == first.meta  # the refusal left them as they were
+    # other files than these were prepared there: the missing path is the error, as before
+    with pytest.raises(TinyGPTError, match="no such file or folder"):
+        load(_local("notes", tmp_path / "elsewhere"), root)
 
 
 def test_a_changed_corpus_or_tokenizer_is_prepared_again_saying_what_differs(tmp_path):
