@@ -173,10 +173,10 @@ def test_shakespeare_char_experiment_is_the_baby_gpt():
 
 def test_debug_tiny_is_a_tiny_run():
     s = compose("config", ["debug=tiny"])
-    assert (s.model.name, s.model.n_layer, s.model.n_embd, s.model.block_size) == ("gpt-nano", 1, 18, 16)
+    assert (s.model.name, s.model.n_layer, s.model.n_embd, s.model.block_size) == ("gpt-nano", 1, 24, 16)
     assert (s.train.max_iters, s.train.batch_size, s.train.eval_interval) == (20, 4, 10)
     lstm = compose("config", ["debug=tiny", "model=lstm"]).model  # the same shrinking for every family
-    assert (lstm.arch, lstm.n_layer, lstm.n_embd, lstm.block_size) == ("lstm", 1, 18, 16)
+    assert (lstm.arch, lstm.n_layer, lstm.n_embd, lstm.block_size) == ("lstm", 1, 24, 16)
 
 
 @pytest.mark.parametrize(

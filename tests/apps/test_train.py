@@ -31,7 +31,7 @@ def test_train_writes_checkpoints_logs_and_events(trained_run):
     assert names == ["best.pt", "ckpt-0000010.pt", "ckpt-0000020.pt"]
     for name in names:
         ckpt = checkpoint.load(run_dir / runs.CKPT_DIR / name)
-        assert ckpt.tokenizer["kind"] == "char" and ckpt.model_config["n_embd"] == 18
+        assert ckpt.tokenizer["kind"] == "char" and ckpt.model_config["n_embd"] == 24
     last = checkpoint.load(runs.latest(run_dir))
     assert last.step == 20 and last.training is not None and last.config["train"]["max_iters"] == 20
     assert checkpoint.load(run_dir / runs.CKPT_DIR / "best.pt").training is None

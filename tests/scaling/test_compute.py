@@ -94,9 +94,9 @@ def test_flops_agree_with_torch_flop_counter(shape, attention):
 
 
 def test_a_budget_or_a_ratio_sets_the_steps_counted_by_hand(tmp_path, data_root):
-    """debug=tiny is gpt-nano's block at 1 layer, 3 heads, 18 dims, context 16; 4 windows a step."""
+    """debug=tiny is gpt-nano's block at 1 layer, 3 heads, 24 dims, context 16; 4 windows a step."""
     root, data_overrides = data_root
-    d, T, tokens_per_step = 18, 16, 4 * 16
+    d, T, tokens_per_step = 24, 16, 4 * 16
 
     def run(name: str, horizon: str) -> dict:
         out = tmp_path / name
@@ -111,7 +111,7 @@ def test_a_budget_or_a_ratio_sets_the_steps_counted_by_hand(tmp_path, data_root)
     summary = run("budget", f"train.flops_budget={budget:g}")
     vocab = len(json.loads((root / "shakespeare_char" / "meta.json").read_text())["tokenizer"]["chars"])  # the corpus alphabet
     n = (4 * d + 3 * d * d + 3 * d + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d) + 2 * d + vocab * d
-    flops_per_token = 6 * n + 12 * 1 * 3 * 6 * T
+    flops_per_token = 6 * n + 12 * 1 * 3 * 8 * T
     steps = math.floor(budget / (flops_per_token * tokens_per_step))
     assert steps >= 2 and summary["step"] == steps and summary["flops_per_token"] == flops_per_token
     assert summary["params_non_embedding"] == n and summary["flops_budget"] == budget

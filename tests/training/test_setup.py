@@ -98,8 +98,8 @@ def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_r
     train(compose(base, tmp_path))
     with caplog.at_level("INFO", logger="tinygpt"):
         run = build_run(compose([*base, "model.n_embd=36", "train.max_iters=6"], tmp_path))
-    assert run.model_config.n_embd == 18 and run.progress.step == 4
-    assert "ignoring model.n_embd=36 (checkpoint: 18)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
+    assert run.model_config.n_embd == 24 and run.progress.step == 4
+    assert "ignoring model.n_embd=36 (checkpoint: 24)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
 
 
 def test_extending_a_finished_run_says_how_the_learning_rate_moves(tmp_path, data_root, caplog):
