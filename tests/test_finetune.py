@@ -13,7 +13,7 @@ from gpt.checkpoints import checkpoint, loading, runs
 from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.model.lora import apply_lora
-from gpt.training import train
+from gpt.training import build_run, train
 from helpers import compose, export_hf
 
 
@@ -153,3 +153,38 @@ def test_a_rotary_base_finetunes_at_a_longer_context_and_a_learned_one_is_refuse
         train(compose([*at_least, f"init_from={tmp_path / 'learned'}"], tmp_path / "min-learned"))
     assert loading.load(str(tmp_path / "min-learned")).model.config.block_size == 16
     assert "context kept at 16 (finetune.min_block_size=40)" in caplog.text
+
+
+def _started(run_dir, overrides: list[str]) -> list[str]:
+    """Hydra's record of a start from the command line, as it writes it before the run is built."""
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    return overrides
+
+
+def test_a_finetune_names_only_the_model_settings_the_command_line_gave(tmp_path, data_root, caplog):
+    """The settings a finetune keeps are its base's (and its context the one it was extended to):
+    a notice names only the model settings the command line gave that it ignores, at the start
+    and at a resume, never the defaults' values nor what the finetune made (found by a review:
+    resuming a LoRA chat finetune 'ignored model.block_size=64 (checkpoint: 256)', never given).
+    model.dropout and model.activation_checkpointing change no weight: they apply."""
+    root, data_overrides = data_root
+    base = [*_char_overrides(root, data_overrides), "model.pos_encoding=rope", "model.n_layer=2"]
+    train(compose(base, tmp_path / "base"))
+    ft = [*_char_overrides(root, data_overrides, steps=2), "model.pos_encoding=rope", f"init_from={tmp_path / 'base'}"]
+    ft += ["finetune.lora_rank=2", "finetune.min_block_size=40", "optim=adamw"]  # context 16 -> 40, as sft's 64 -> 256
+    run_dir = tmp_path / "ft"
+    with caplog.at_level("INFO", logger="tinygpt"):
+        train(compose(_started(run_dir, ft), run_dir))
+        train(compose(_started(run_dir, [*ft, "train.max_iters=3"]), run_dir))  # resumed by its run folder
+    assert "ignoring" not in caplog.text and "resuming from" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinygpt"):
+        train(compose(_started(run_dir, [*ft, "train.max_iters=4", "model.n_layer=3"]), run_dir))
+    assert "ignoring model.n_layer=3 (checkpoint: 2)\n" in caplog.text, caplog.text
+    caplog.clear()
+    given = [*ft, "model.n_layer=8", "model.dropout=0.1", "model.activation_checkpointing=true"]
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(compose(_started(tmp_path / "new", given), tmp_path / "new"))
+    assert "; ignoring model.n_layer=8 (init_from's: 2)\n" in caplog.text, caplog.text
+    assert run.model_config.activation_checkpointing and run.model_config.dropout == 0.1 and run.model_config.n_layer == 2

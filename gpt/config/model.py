@@ -240,6 +240,34 @@ def as_given(config: GPTConfig | RNNConfig) -> dict:
     return d
 
 
+def ignored_settings(
+    asked: GPTConfig | RNNConfig, kept: dict, given: set[str] | None, was: dict | None = None, kept_as: str = "checkpoint"
+) -> list[str]:
+    """`model.k=v (<kept_as>: w)` for each model setting the user gave whose value `kept` (as_given
+    of the model a run goes on with: a resumed checkpoint's, a finetune's base) does not have.
+    `given`: the names the command line gave ("*": a preset, every one); None (a run built in
+    Python) those `asked` sets apart from its class's defaults. What the defaults or the finetune
+    itself made (a context extended for conversations) is no setting of the user's, and neither is
+    one `was` (the record of what the run's last start asked) asked already: it was said then."""
+    new = as_given(asked)
+    try:
+        was = as_given(config_from_dict(was)) if was is not None else None
+    except (TinyGPTError, TypeError, AttributeError):  # a record of another version
+        was = None
+    if given is None:
+        blank = RNNConfig(arch=asked.arch) if isinstance(asked, RNNConfig) else GPTConfig()
+        given = {k for k, v in as_given(blank).items() if new.get(k) != v}
+    return [
+        f"model.{k}={new[k]!r} ({kept_as}: {kept[k]!r})"
+        for k in sorted(new)
+        if ("*" in given or k in given)
+        and k not in LABELS
+        and k in kept
+        and new[k] not in (None, kept[k])  # None: follows the tokenizer or the other settings
+        and (was is None or k not in was or new[k] != was[k])
+    ]
+
+
 def depth_shape(depth, aspect_ratio) -> dict:
     """The shape `model.depth` names: depth layers of depth heads, each head aspect_ratio wide
     (n_embd = depth * aspect_ratio). One knob that grows width with depth at a fixed ratio, as

@@ -4,6 +4,8 @@ built."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from gpt.checkpoints import loading
@@ -12,6 +14,10 @@ from gpt.errors import TinyGPTError
 from gpt.model import meta, registry
 from gpt.model.lora import apply_lora
 from gpt.tokenizers import require_same, without_template
+
+# The model settings a finetune takes from the command line rather than from its base: they
+# change no weight (dropout, passed to loading.load; activation checkpointing, set on the base)
+APPLY_TO_A_BASE = ("dropout", "activation_checkpointing")
 
 
 def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: float, log=print, loaded=None):
@@ -203,3 +209,18 @@ def prepare_finetune(model, ft: FinetuneSettings, log=print, new_tokens: bool = 
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"trainable parameters: {trainable:,} of {sum(p.numel() for p in model.parameters()):,}")
     return lora
+
+
+def resumed_finetune(ft: FinetuneSettings, resumed, log=print) -> FinetuneSettings:
+    """The finetuning settings of a run resumed from `resumed` (a Checkpoint; None: a new run):
+    a resumed LoRA run keeps training its adapters."""
+    trained = (resumed.lora or {}).get("rank", 0) if resumed is not None else 0
+    if trained and not ft.lora_rank:
+        log(f"notice: resuming a LoRA finetune (rank {resumed.lora['rank']}) with its adapters")
+        return replace(ft, lora_rank=resumed.lora["rank"], lora_alpha=resumed.lora["alpha"])
+    if resumed is not None and trained != ft.lora_rank:
+        raise TinyGPTError(
+            f"the checkpoint was trained with finetune.lora_rank={trained}; "
+            f"resume with that value, or start a new run from it with init_from"
+        )
+    return ft

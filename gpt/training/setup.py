@@ -26,7 +26,8 @@ from gpt.checkpoints import checkpoint, loading, runs, shards
 from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.checkpoints.resume import ResumePoint, resume_point
 from gpt.config import RunConfig, changed_settings
-from gpt.config.model import LABELS, GPTConfig, as_given
+from gpt.config.model import GPTConfig, as_given, ignored_settings
+from gpt.config.overrides import model_settings_given
 from gpt.data import Dataset, load_data
 from gpt.data.shards import SIZES
 from gpt.errors import TinyGPTError
@@ -35,7 +36,7 @@ from gpt.runtime import devices, distributed
 from gpt.tokenizers import require_same
 from gpt.tracking import ensure_console_logging, logger
 from gpt.training import sharding
-from gpt.training.finetune import initial_model, prepare_finetune
+from gpt.training.finetune import APPLY_TO_A_BASE, initial_model, prepare_finetune, resumed_finetune
 from gpt.training.optim import build_optimizer
 from gpt.training.schedule import CosineSchedule
 from gpt.training.start import Claim, preflight
@@ -101,7 +102,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
                 log(notice)
     with building():
         if not (from_rank_0 and not dist.is_main):
-            model, model_config = _model(cfg, data, resumed, log, base)
+            model, model_config = _model(cfg, data, resumed, log, base, _given(out_dir))
         if from_rank_0:  # rank 0's shapes (a finetune's base may have grown or been cropped), after it built them
             distributed.barrier(dist, patient=True)
             shape = distributed.broadcast(registry.config_to_dict(model_config) if dist.is_main else None, dist)
@@ -111,7 +112,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     notices = data.check_fits(model_config.block_size)  # said once the batches exist
     cfg = replace(cfg, train=_horizon(cfg, model, model_config, dist, log))
     cfg = replace(cfg, optim=_schedule_settings(cfg, resumed, log))
-    cfg = replace(cfg, finetune=_finetune_settings(cfg, resumed, log))
+    cfg = replace(cfg, finetune=resumed_finetune(cfg.finetune, resumed, log))
     with building():  # LoRA's adapters, on the meta device too
         lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
     whole = None
@@ -270,19 +271,23 @@ def _eval_tasks(cfg: RunConfig, data: Dataset, dist, sharded: bool, log) -> dict
     return tasks
 
 
-def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=None) -> tuple[nn.Module, Any]:
+def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=None, given=None) -> tuple[nn.Module, Any]:
     """A new model, the weights to finetune (init_from, `base` when loaded already), or the shape
-    of the run resumed."""
+    of the run resumed. `given`: the model settings the command line gave (_given)."""
     if resumed is None and cfg.init_from:
         model = initial_model(cfg.init_from, data.tokenizer, cfg.finetune, float(cfg.model.dropout), log, loaded=base)
-        config = model.config
-    else:
-        config = _model_config(cfg, data, resumed, log)
-        model = registry.build(config)
-    return model, config
+        if isinstance(model.config, GPTConfig):  # how the backward pass spends memory is the finetune's to choose
+            model.config.activation_checkpointing = getattr(cfg.model, "activation_checkpointing", False)
+        kept = as_given(model.config) | {k: v for k, v in as_given(cfg.model).items() if k in APPLY_TO_A_BASE}
+        ignored = ignored_settings(cfg.model, kept, given, kept_as="init_from's")
+        if ignored:  # (APPLY_TO_A_BASE apply: they change no weight)
+            log(f"notice: a finetune keeps init_from's model shape and block; ignoring {', '.join(ignored)}")
+        return model, model.config
+    config = _model_config(cfg, data, resumed, log, given)
+    return registry.build(config), config
 
 
-def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log):
+def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, given=None):
     config = registry.with_vocab(cfg.model, data.tokenizer.vocab_size)
     if resumed is None:
         return config
@@ -295,30 +300,23 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
     saved = registry.config_from_dict(resumed.model_config)
     if isinstance(saved, GPTConfig):  # how the backward pass spends memory is this run's to choose
         saved = replace(saved, activation_checkpointing=getattr(config, "activation_checkpointing", False))  # (model=lstm given)
-    old, new = as_given(saved), as_given(config)
-    diff = [
-        f"model.{k}={new.get(k)!r} (checkpoint: {old.get(k)!r})"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k) and k not in LABELS and k in resumed.model_config  # a label, or a setting it predates
-    ]
-    if diff:
-        log(f"notice: resuming with the checkpoint's model settings; ignoring {', '.join(diff)}")
+    kept = {k: v for k, v in as_given(saved).items() if k in resumed.model_config}  # (not a setting it predates)
+    ignored = ignored_settings(config, kept, given, resumed.config.get("model"))
+    if ignored:
+        log(f"notice: resuming with the checkpoint's model settings; ignoring {', '.join(ignored)}")
     return saved
 
 
-def _finetune_settings(cfg: RunConfig, resumed: Checkpoint | None, log):
-    """The finetuning settings: a resumed LoRA run keeps training its adapters."""
-    ft = cfg.finetune
-    trained = (resumed.lora or {}).get("rank", 0) if resumed is not None else 0
-    if trained and not ft.lora_rank:
-        log(f"notice: resuming a LoRA finetune (rank {resumed.lora['rank']}) with its adapters")
-        return replace(ft, lora_rank=resumed.lora["rank"], lora_alpha=resumed.lora["alpha"])
-    if resumed is not None and trained != ft.lora_rank:
-        raise TinyGPTError(
-            f"the checkpoint was trained with finetune.lora_rank={trained}; "
-            f"resume with that value, or start a new run from it with init_from"
-        )
-    return ft
+def _given(out_dir: Path) -> set[str] | None:
+    """The model settings this start's command line gave: Hydra's record of it, written into the
+    run directory before the run is built (gpt.training.start.started_with reads a run's too).
+    None for a run built in Python, whose settings object is all it was given."""
+    import yaml  # omegaconf's own dependency
+
+    try:
+        return model_settings_given([str(o) for o in yaml.safe_load((out_dir / ".hydra" / "overrides.yaml").read_text()) or []])
+    except (OSError, yaml.YAMLError, TypeError):
+        return None
 
 
 def _load_weights(ckpt: Checkpoint, path: Path, model: nn.Module) -> None:
