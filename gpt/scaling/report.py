@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt.runtime import io
 from gpt.scaling.fit import Point
-from gpt.tracking.plots import pyplot, save
+from gpt.tracking.plots import log_scale, pyplot, save
 
 PLOTS = ("isoflops.png", "frontier.png", "loss_vs_compute.png")
 
@@ -103,7 +103,7 @@ def _figure(path: Path, draw, size=(7, 5)) -> None:
 
 def _finish(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
     """Every plot's axes: compute and sizes on a log scale, a light grid, the legend."""
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -174,7 +174,7 @@ def _plot_frontier(path: Path, result: dict) -> None:
                 label=f"fit: {exp_name} = {law['exponent']:.3f}",
             )
             ax.plot([pred["budget"]], [pred[key]], "*", color="C3", markersize=14, label=f"prediction at {pred['budget']:.2g}")
-            ax.set_yscale("log")
+            log_scale(ax, "y")
             _finish(ax, "compute C (training FLOPs)", label)
 
     _figure(path, draw, size=(11, 4.5))

@@ -23,6 +23,18 @@ def pyplot():
     return plt
 
 
+def log_scale(ax, axis: str = "x") -> None:
+    """`ax`'s x (or y) axis on a log scale, its ticks labelled in plain text (1e+10). matplotlib's
+    default labels (10 to a power) are mathtext, whose fonts (STIX, Computer Modern) a font cache
+    built by another matplotlib may lack: one `findfont` line per font on every plot otherwise."""
+    from matplotlib import ticker
+
+    getattr(ax, f"set_{axis}scale")("log")
+    scale = getattr(ax, f"{axis}axis")
+    scale.set_major_formatter(ticker.LogFormatter())
+    scale.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))  # labels minor ticks when a decade spans the axis
+
+
 def save(fig, path: Path) -> Path:
     """`fig` laid out and written as a PNG at `path`, atomically (a reader never sees half a
     picture); the figure is closed."""
