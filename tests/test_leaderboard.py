@@ -112,3 +112,19 @@ def test_a_sweep_ranks_by_a_task_figure(tmp_path):
     assert [r["run"] for r in write_leaderboard(sweep, "lambada/perplexity")] == ["1", "0", "2", "3"]
     with pytest.raises(TinyGPTError, match="rank_by='arc_easy/acc': no run of .* reports it; use one of best_val_loss"):
         write_leaderboard(sweep, "arc_easy/acc")
+
+
+def test_a_long_command_line_is_wrapped_in_the_curves_legend_so_the_figure_lays_out(tmp_path):
+    """A scaling study's first job is labelled by its whole command line, wider than the figure;
+    unwrapped, matplotlib warns 'Tight layout not applied' and squeezes the plot."""
+    import warnings
+
+    from gpt.tracking.leaderboard import plot_curves
+
+    long = " ".join(f"scaling.setting_{i}=value_{i}" for i in range(12))
+    rows = [{"run": "0", "overrides": long, "status": "running", "curve": [(1, 3.0), (2, 2.5)]}]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        plot_curves(rows, tmp_path / "curves.png")
+    assert [str(w.message) for w in seen] == []
+    assert (tmp_path / "curves.png").stat().st_size > 0

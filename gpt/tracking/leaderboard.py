@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 from pathlib import Path
 
 from gpt.errors import TinyGPTError
@@ -20,6 +21,7 @@ from gpt.runtime.io import atomic_write
 from gpt.tracking.plots import pyplot, read_metrics, save
 from gpt.tracking.records import status_of
 
+LEGEND_WIDTH = 60  # characters of a legend line (7-point type in an 8-inch figure)
 COLUMNS = [
     "rank",
     "run",
@@ -194,7 +196,8 @@ def plot_curves(rows: list[dict], path: Path) -> None:
             label = f"{row['run']}: {row['overrides'] or '(defaults)'}"
             if row["status"] != "finished":
                 label += f" [{row['status']}]"
-            ax.plot(steps, losses, marker="o", markersize=3, label=label)
+            # a job's whole command line (a scaling study's) is wider than the figure: wrapped
+            ax.plot(steps, losses, marker="o", markersize=3, label=textwrap.fill(label, LEGEND_WIDTH))
     ax.set_xlabel("step")
     ax.set_ylabel("val loss")
     ax.set_title(f"{path.parent.name}: validation loss")
