@@ -177,7 +177,7 @@ def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
     """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
     identity are known now; a char vocabulary or a BPE is fitted to its corpus, compared once the
     data is prepared (gpt.training.setup)."""
-    from gpt.tokenizers import difference, normalize_spec, tokenizer_identity
+    from gpt.tokenizers import describe, difference, normalize_spec, tokenizer_identity
 
     theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
     if ours.get("vocab_size") is None:  # known once the ranks file is read (the settings say None)
@@ -185,6 +185,12 @@ def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
         ours.pop("vocab_size", None)
     # char and bpe are fitted to the corpus and hf read from its file: compared once the data is prepared
     if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
+        base = (resumed.config or {}).get("init_from")
+        if base:  # a finetune's data took its base model's tokenizer, which only init_from names
+            raise TinyGPTError(
+                f"{source} was finetuned from init_from={base}, whose tokenizer its data takes ({describe(resumed.tokenizer)}), "
+                f"and this command gives no init_from: pass init_from={base} again"
+            )
         raise TinyGPTError(
             f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
             f"a run resumes with its own data and optimizer: {started_with(source)}"

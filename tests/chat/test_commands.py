@@ -7,6 +7,7 @@ Run: python -m pytest tests/chat/test_commands.py"""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -250,6 +251,15 @@ def test_refusals_are_one_line_and_leave_prepared_data_alone(runs, tmp_path):
     assert_one_line_error(proc, "holds no conversations")
     proc = run_script("train", ["experiment=sft", "data=local", f"data.source.path={bad}", "data.name=x"], cwd, root)
     assert_one_line_error(proc, "needs a model to start from")
+    # a finetune resumed without its init_from: its conversations would take data.tokenizer's
+    # default (GPT-2's BPE) where they took the base model's
+    copy = tmp_path / "sft"
+    shutil.copytree(sft, copy)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in copy.rglob("*"))
+    resumed = ["experiment=sft", "data=local", f"data.source.path={cwd / 'chats.jsonl'}", "data.name=chats"]
+    proc = run_script("train", [*resumed, "train.max_iters=32", f"paths.output_dir={copy}"], cwd, root)
+    assert_one_line_error(proc, f"was finetuned from init_from={base}", f"pass init_from={base} again")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in copy.rglob("*")) == before
 
 
 def test_playground_chat_mode_in_a_headless_browser(runs, tmp_path):
