@@ -75,6 +75,7 @@ def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:
     check_out(out)
     # Written whole beside `out`, then put in its place (an earlier export's files all go: a chat
     # model's generation_config.json must not stay beside a plain model's weights).
+    _remove_leftovers(out)
     staging = out.parent / f".{out.name}.exporting-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -94,6 +95,30 @@ def export(model, tokenizer, out_dir: str | Path) -> tuple[Path, str]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out, cls
+
+
+def _remove_leftovers(out: Path) -> None:
+    """What an export to `out` that was killed (its process gone) left: its half-written folder
+    goes; the earlier export it had moved aside, killed before its own took the place, comes back
+    (this export then replaces it as usual). Another export still running keeps its own."""
+    for path in sorted(out.parent.glob(f".{out.name}.*-*")):
+        kind, _, pid = path.name[len(out.name) + 2 :].rpartition("-")
+        if kind not in ("exporting", "replaced") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if kind == "replaced" and not out.exists():
+            path.rename(out)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 # Every file an export writes (each family some of them): a folder holding only these, its

@@ -3,9 +3,13 @@ Run: pytest tests/apps/test_export.py"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 import torch
 
+from gpt import interop
 from gpt.checkpoints import loading
 from helpers import assert_one_line_error, llama_folder, run_script
 
@@ -38,8 +42,17 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_a_folder_of_other_f
     first = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
     assert "generation_config.json" not in first  # GPT-2's block, no chat: none written
     (tmp_path / "hf" / "generation_config.json").write_text('{"eos_token_id": [260, 256], "pad_token_id": 260}')
+    dead = _a_finished_pid()
+    (tmp_path / f".hf.exporting-{dead}").mkdir()  # an export killed mid-write left it: removed
+    (tmp_path / f".hf.exporting-{os.getpid()}").mkdir()  # an export still running: kept
     again = export(tmp_path / "hf")
     assert again.returncode == 0, again.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == first
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [f".hf.exporting-{os.getpid()}"]
+    (tmp_path / f".hf.exporting-{os.getpid()}").rmdir()
+    # killed after moving the earlier export aside, before its own took the place: it comes back
+    (tmp_path / "hf").rename(tmp_path / f".hf.replaced-{dead}")
+    interop._remove_leftovers(tmp_path / "hf")
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == first
 
     mine = tmp_path / "mine"
@@ -121,3 +134,9 @@ def test_a_llama_folder_through_the_commands(tmp_path, data_root):
     )
     assert_one_line_error(refused, "rope scaling")
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run directory, nothing written
+
+
+def _a_finished_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
