@@ -218,7 +218,9 @@ def _load_conversations(
 
     spec = normalize_spec(base_tokenizer if base_tokenizer is not None else asdict(data.tokenizer))
     if base_tokenizer is not None:
-        log("conversations are tokenized with the base model's tokenizer (init_from) and the chat template")
+        log(
+            "conversations are tokenized with the model's tokenizer (init_from's; a resumed finetune's own) and the chat template"
+        )
     settings = {"identity": identity, "val_fraction": data.val_fraction, "seed": data.seed, "max_docs": data.max_docs}
     out_dir = root / data.name
     meta = prepare_conversations(_Lazy(lambda: records(data.source, root, log)), spec, out_dir, settings, log, replace)

@@ -75,6 +75,9 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     # Mapped, not read, under FSDP2: each process then takes its shards from pages the node's
     # processes share, instead of every process holding the whole state privately.
     resumed = checkpoint.load(source, mmap=sharded) if source else None
+    if resumed is not None and not cfg.init_from and (resumed.config or {}).get("init_from"):
+        # a finetune resumed by its folder alone stays one (its data takes its model's tokenizer)
+        cfg = replace(cfg, init_from=resumed.config["init_from"])
     # Under FSDP2 only rank 0 holds a new run's whole model (the others build shapes on the meta
     # device and receive their shards); resuming a sharded checkpoint, each reads its own shards.
     from_rank_0 = sharded and resumed is None

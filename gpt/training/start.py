@@ -36,9 +36,10 @@ def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = Tru
         point = resume_point(settings.resume, run_dir)
     if point is not None and point.checkpoint is not None:
         _check_same_run(point.checkpoint, point.source, settings)
-    if point is not None and point.checkpoint is not None and not settings.init_from:
-        # (a finetune's data takes its base model's tokenizer, whatever data.tokenizer says:
-        # compared with the checkpoint's once the data is prepared, gpt.training.setup)
+    finetune = point is not None and point.checkpoint is not None and (point.checkpoint.config or {}).get("init_from")
+    if point is not None and point.checkpoint is not None and not (settings.init_from or finetune):
+        # (a finetune's data takes its model's tokenizer, whatever data.tokenizer says: compared
+        # with the checkpoint's once the data is prepared, gpt.training.setup)
         _check_tokenizer_kind(point.checkpoint, point.source, settings)
     if settings.init_from:
         loading.check(settings.init_from)
@@ -177,7 +178,7 @@ def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
     """A run resumes on data of its own tokenizer. The kind and, for a fixed vocabulary, the whole
     identity are known now; a char vocabulary or a BPE is fitted to its corpus, compared once the
     data is prepared (gpt.training.setup)."""
-    from gpt.tokenizers import describe, difference, normalize_spec, tokenizer_identity
+    from gpt.tokenizers import difference, normalize_spec, tokenizer_identity
 
     theirs, ours = tokenizer_identity(resumed.tokenizer), tokenizer_identity(normalize_spec(asdict(settings.data.tokenizer)))
     if ours.get("vocab_size") is None:  # known once the ranks file is read (the settings say None)
@@ -185,12 +186,6 @@ def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
         ours.pop("vocab_size", None)
     # char and bpe are fitted to the corpus and hf read from its file: compared once the data is prepared
     if theirs["kind"] != ours["kind"] or (ours["kind"] not in ("char", "bpe", "hf") and theirs != ours):
-        base = (resumed.config or {}).get("init_from")
-        if base:  # a finetune's data took its base model's tokenizer, which only init_from names
-            raise TinyGPTError(
-                f"{source} was finetuned from init_from={base}, whose tokenizer its data takes ({describe(resumed.tokenizer)}), "
-                f"and this command gives no init_from: pass init_from={base} again"
-            )
         raise TinyGPTError(
             f"the checkpoint's tokenizer differs from data={settings.data.name}'s ({difference(resumed.tokenizer, ours)}); "
             f"a run resumes with its own data and optimizer: {started_with(source)}"

@@ -251,15 +251,19 @@ def test_refusals_are_one_line_and_leave_prepared_data_alone(runs, tmp_path):
     assert_one_line_error(proc, "holds no conversations")
     proc = run_script("train", ["experiment=sft", "data=local", f"data.source.path={bad}", "data.name=x"], cwd, root)
     assert_one_line_error(proc, "needs a model to start from")
-    # a finetune resumed without its init_from: its conversations would take data.tokenizer's
-    # default (GPT-2's BPE) where they took the base model's
+    # a finetune resumed by its folder, without init_from, twice: its conversations keep the
+    # model's tokenizer (not data.tokenizer's default, GPT-2's BPE), the prepared data stays
     copy = tmp_path / "sft"
     shutil.copytree(sft, copy)
-    before = sorted((p.name, p.stat().st_mtime_ns) for p in copy.rglob("*"))
+    data = {p.name: p.read_bytes() for p in (root / "chats").iterdir()}
     resumed = ["experiment=sft", "data=local", f"data.source.path={cwd / 'chats.jsonl'}", "data.name=chats"]
-    proc = run_script("train", [*resumed, "train.max_iters=32", f"paths.output_dir={copy}"], cwd, root)
-    assert_one_line_error(proc, f"was finetuned from init_from={base}", f"pass init_from={base} again")
-    assert sorted((p.name, p.stat().st_mtime_ns) for p in copy.rglob("*")) == before
+    for steps in (31, 32):
+        proc = run_script("train", [*resumed, f"train.max_iters={steps}", f"paths.output_dir={copy}"], cwd, root)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        line = next(line for line in proc.stdout.splitlines() if line.startswith("resuming from"))
+        assert f"at step {steps - 1}" in line and "init_from" not in line  # kept, not "changed"
+    assert checkpoint.load(latest(copy)).step == 32
+    assert {p.name: p.read_bytes() for p in (root / "chats").iterdir()} == data
 
 
 def test_playground_chat_mode_in_a_headless_browser(runs, tmp_path):
