@@ -87,7 +87,15 @@ def _split_tokens(s: EvalConfig, loaded):
             print(f"notice: {loaded.source} records {', '.join(ignored)}, unknown to this tinygpt: ignored", file=sys.stderr)
     try:
         # eval reads prepared data: it prepares data that is not there, never over other data
-        data = load_data(data_settings, s.paths.data_root(), log=lambda m: print(m, file=sys.stderr), replace=False)
+        # a finetune's conversations were tokenized with its model's tokenizer (gpt.training.setup)
+        finetuned = loaded.checkpoint is not None and (loaded.checkpoint.config or {}).get("init_from")
+        data = load_data(
+            data_settings,
+            s.paths.data_root(),
+            log=lambda m: print(m, file=sys.stderr),
+            base_tokenizer=loaded.tokenizer_spec if finetuned else None,
+            replace=False,
+        )
     except PreparedOtherwise as e:
         raise TinyGPTError(f"{e}; tinygpt eval does not prepare over it: {_prepare_again(s, loaded)}") from None
     require_same(

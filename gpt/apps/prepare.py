@@ -27,10 +27,13 @@ def prepare(s: RunConfig):
     root = s.paths.data_root()
     data = load_data(s.data, root, log=logger.info)
     meta = data.meta
+    if meta.get("kind") == "chat":  # conversations: one file per split, no shards
+        what, held = "conversations", ""
+    else:
+        what, held = "documents", f", {len(meta['shards']['train'])} + {len(meta['shards']['val'])} shards"
     logger.info(
-        f"{data.name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val "
-        f"tokens ({meta['dtype']}, {len(meta['shards']['train'])} + {len(meta['shards']['val'])} shards), "
-        f"tokenizer {meta['tokenizer']['kind']}, in {root / data.name}"
+        f"{data.name}: {meta['documents']:,} {what}, {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val "
+        f"tokens ({meta['dtype']}{held}), tokenizer {meta['tokenizer']['kind']}, in {root / data.name}"
     )
     return data
 

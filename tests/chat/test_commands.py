@@ -213,6 +213,21 @@ def test_eval_task_chat_scores_replies_per_skill(runs):
         assert f"acc/{skill} " in line
 
 
+def test_eval_scores_a_chat_finetune_on_its_own_data_and_prepare_takes_conversations(runs, tmp_path):
+    """`tinygpt eval run_dir=<sft run>` reads the conversations the finetune trained on, tokenized
+    with its model's tokenizer (not data.tokenizer's default, which it refused as another's data),
+    and `tinygpt prepare` on a .jsonl of conversations says what it prepared (was a KeyError)."""
+    cwd, root, _, sft, _, held_out = runs
+    data = {p.name: p.read_bytes() for p in (root / "chats").iterdir()}
+    proc = run_script("eval", [f"run_dir={sft}"], cwd, root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "on chats val:" in proc.stdout and "perplexity" in proc.stdout
+    assert {p.name: p.read_bytes() for p in (root / "chats").iterdir()} == data
+    proc = run_script("prepare", ["data=local", f"data.source.path={held_out}", "data.name=held_out"], cwd, tmp_path / "data")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "held_out: 40 conversations," in proc.stdout + proc.stderr
+
+
 def test_refusals_are_one_line_and_leave_prepared_data_alone(runs, tmp_path):
     cwd, root, base, sft, _, held_out = runs
     proc = run_script("chat", [f"run_dir={base}"], cwd, root, stdin="hi\n")
