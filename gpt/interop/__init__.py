@@ -16,6 +16,7 @@ family is one more module and one more line in FAMILIES.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from pathlib import Path
@@ -101,7 +102,7 @@ def _remove_leftovers(out: Path) -> None:
     """What an export to `out` that was killed (its process gone) left: its half-written folder
     goes; the earlier export it had moved aside, killed before its own took the place, comes back
     (this export then replaces it as usual). Another export still running keeps its own."""
-    for path in sorted(out.parent.glob(f".{out.name}.*-*")):
+    for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.*-*")):  # out's own: hf_? names no other
         kind, _, pid = path.name[len(out.name) + 2 :].rpartition("-")
         if kind not in ("exporting", "replaced") or not pid.isdigit() or _alive(int(pid)):
             continue

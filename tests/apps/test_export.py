@@ -52,6 +52,9 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_a_folder_of_other_f
     (tmp_path / f".hf.exporting-{os.getpid()}").rmdir()
     # killed after moving the earlier export aside, before its own took the place: it comes back
     (tmp_path / "hf").rename(tmp_path / f".hf.replaced-{dead}")
+    interop._remove_leftovers(tmp_path / "h?")  # another folder's leftovers are not its own
+    interop._remove_leftovers(tmp_path / "h*")
+    assert not (tmp_path / "h?").exists() and not (tmp_path / "h*").exists()
     interop._remove_leftovers(tmp_path / "hf")
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == first
 
