@@ -151,6 +151,45 @@ def test_event_file_holds_scalars_text_hparams_histograms_and_attention(tmp_path
     assert summary["tokens_seen"] == 10 * 4 * 16 and summary["tokens_per_s"] > 0 and summary["wall_s"] > 0
 
 
+def _hparams_tab(logdir) -> dict[str, tuple[str, dict]]:
+    """What TensorBoard's HParams tab lists for a logdir ({session: (status, hparams)}), through
+    the plugin's own code: the server's event multiplexer and the handler behind its
+    /data/plugin/hparams/session_groups."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import backend_context, list_session_groups
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
+    tb = backend_context.Context(base_plugin.TBContext(logdir=str(logdir), data_provider=provider, multiplexer=mux))
+    request = api_pb2.ListSessionGroupsRequest(slice_size=100, allowed_statuses=list(api_pb2.Status.values()))
+    groups = list_session_groups.Handler(context.RequestContext(), tb, "", request).run().session_groups
+    return {s.name: (api_pb2.Status.Name(s.status), dict(g.hparams)) for g in groups for s in g.sessions}
+
+
+def test_the_hparams_tab_shows_a_resumed_runs_latest_settings_and_its_end(tmp_path, data_root):
+    """Each start of a run declares its HParams session again, and TensorBoard keeps the first
+    declaration it reads of a run: the tab showed a run's first start (interrupted, its settings
+    before a train-on) even after it finished or trained on."""
+    root, data_overrides = data_root
+    overrides = [*QUICK, *data_overrides, f"paths.data_dir={root}"]
+
+    def tab() -> tuple[str, float]:
+        (status, hparams), *others = _hparams_tab(tmp_path).values()
+        assert not others
+        return status, hparams["train.max_iters"].number_value
+
+    train_recording_losses(compose(overrides, tmp_path), stop_after=3)  # SIGTERM: interrupted
+    assert tab() == ("STATUS_UNKNOWN", 10)
+    train(compose(overrides, tmp_path))  # resumed, finished
+    assert tab() == ("STATUS_SUCCESS", 10)
+    train(compose([*overrides, "train.max_iters=15"], tmp_path))  # trained on
+    assert tab() == ("STATUS_SUCCESS", 15)
+
+
 def test_failed_run_leaves_a_failed_summary(tmp_path, data_root, monkeypatch):
     root, data_overrides = data_root
 
