@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt.apps import common, sweep
+from gpt.apps import common, jobs, sweep
 from gpt.apps.common import JobFailed
 from gpt.checkpoints import runs
 from gpt.config import RunConfig
@@ -267,12 +267,14 @@ def _task(cfg, start: Start | None = None) -> float:
         gets JobFailed, a failed trial. Under torchrun the job stops as a single run does: the
         other ranks must not wait in a job that rank 0 has left."""
         try:
+            jobs.refuse_another_sweeps_run(Path(output_dir), hydra_cfg.job.num, overrides)
             return run()
         except Exception as e:
             if dist.enabled or isinstance(e, Preempted):  # a stop request stops the sweep, to be rerun
                 raise
             reason = str(e) if isinstance(e, TinyGPTError) else _unexpected(e, Path(output_dir))
-            record_failure(Path(output_dir), reason, replaces=one_line(e), overrides=overrides)
+            if not isinstance(e, jobs.OtherSweepsRun):  # that folder's run and its record stay as they were
+                record_failure(Path(output_dir), reason, replaces=one_line(e), overrides=overrides)
             logger.error(f"error: {reason}")  # the sweep's end reads it back from the job's summary.json
         # Out of the except block, the error and the frames it holds (the failed job's model and
         # optimizer) are gone: free them before the next job, which a sweeper may start while it

@@ -248,6 +248,35 @@ def test_the_exit_status_is_this_sweeps_own(tmp_path, data_root):
     assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "finished"  # its record untouched
 
 
+def test_a_rerun_with_other_values_never_resumes_another_jobs_run(tmp_path, data_root):
+    """Job folders are numbered: rerunning a sweep into its folder resumes each job's own run (the
+    same command, or a longer train.max_iters), but job 0 of a sweep with other values is refused
+    in one line naming both, the sweep goes on, and the earlier run, its record and its
+    leaderboard row stay as they were (it resumed it and was labelled model.n_head=4)."""
+    root, data_overrides = data_root
+    sweep, job = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    args = ["-m", *(a for a in QUICK if not a.startswith("train.max_iters=")), *data_overrides, f"hydra.sweep.dir={sweep}"]
+    first = run_script("train.py", [*args, "train.max_iters=10", "model.n_head=3,6"], tmp_path, root)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (job / "summary.json").read_bytes(), sorted(p.name for p in (job / "checkpoints").iterdir())
+    other = run_script("train.py", [*args, "train.max_iters=10", "model.n_head=4,6"], tmp_path, root)
+    assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-2000:]
+    assert (
+        f"error: 1 of 2 jobs failed (first: job 0: {job} holds job 0 of an earlier sweep started with model.n_head=3 "
+        f"(this sweep's job 0: model.n_head=4); a sweep job resumes only its own run: pass another hydra.sweep.dir or "
+        f"move {job} away)"
+    ) in other.stderr
+    assert "ignoring model.n_head" not in other.stdout + other.stderr
+    assert ((job / "summary.json").read_bytes(), sorted(p.name for p in (job / "checkpoints").iterdir())) == before
+    assert sorted((r["run"], r["overrides"], r["step"]) for r in _leaderboard(sweep)) == [
+        ("0", "model.n_head=3", "10"),
+        ("1", "model.n_head=6", "10"),
+    ]
+    longer = run_script("train.py", [*args, "train.max_iters=15", "model.n_head=3,6"], tmp_path, root)
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    assert [s["step"] for s in _summaries(sweep, 2)] == [15, 15]
+
+
 def test_job_folders_named_by_their_overrides(tmp_path, data_root):
     root, data_overrides = data_root
     sweep = tmp_path / "sweep"
