@@ -10,6 +10,7 @@ import pytest
 
 from gpt.errors import TinyGPTError
 from gpt.tracking.leaderboard import write_leaderboard
+from helpers import compose, train_recording_losses
 
 
 def _fake_job(sweep, n, status=None, best=None, curve=()):
@@ -128,3 +129,18 @@ def test_a_long_command_line_is_wrapped_in_the_curves_legend_so_the_figure_lays_
         plot_curves(rows, tmp_path / "curves.png")
     assert [str(w.message) for w in seen] == []
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_resumed_jobs_wall_time_is_the_whole_runs(tmp_path, data_root):
+    """A job stopped (SIGTERM) and rerun: its summary's wall_s is the rerun's alone (a fraction of
+    a fresh job's), its elapsed_s the whole run's; the leaderboard shows the whole run's."""
+    root, data_overrides = data_root
+    job = compose(["debug=tiny", "train.max_iters=10", *data_overrides, f"paths.data_dir={root}"], tmp_path / "sweep" / "0")
+    train_recording_losses(job, stop_after=5)
+    train_recording_losses(job)  # the same folder: resumed
+    summary = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["elapsed_s"] > summary["wall_s"]
+    (row,) = write_leaderboard(tmp_path / "sweep")
+    assert row["wall_s"] == summary["elapsed_s"]
+    with open(tmp_path / "sweep" / "leaderboard.csv") as f:
+        assert float(next(csv.DictReader(f))["wall_s"]) == summary["elapsed_s"]

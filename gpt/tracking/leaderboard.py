@@ -110,7 +110,8 @@ def collect(sweep_dir: Path, rank_by: str = "best_val_loss") -> tuple[list[dict]
                 "step": summary.get("step"),
                 "tokens_per_s": summary.get("tokens_per_s"),
                 "params": summary.get("params"),
-                "wall_s": summary.get("wall_s"),
+                # the whole run's, over its resumes (summary.json's wall_s is its latest start's)
+                "wall_s": summary.get("elapsed_s", summary.get("wall_s")),
                 "overrides": _overrides(job, summary),
                 "error": summary.get("error"),
                 "curve": [(r["step"], r["val"]) for r in read_metrics(job)[1]],
