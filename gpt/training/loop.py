@@ -85,7 +85,7 @@ class Trainer:
     def settle(self) -> None:
         """Read the non-finite guard's verdicts of the steps so far (a host sync): counts, warnings,
         and the stop of a diverged run. Before anything that saves or reports the state."""
-        self.guard.settle(self.run, self.ts.max_bad_steps)
+        self.guard.settle(self.run, self.ts.max_bad_steps, evaluated=self.evals_done > 0)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -86,8 +86,9 @@ class Guard:
 
     pending: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (step, 1.0 if skipped)
 
-    def settle(self, run: Run, max_bad_steps: int) -> None:
-        """Count the skipped steps since the last read, warn, and stop a diverged run."""
+    def settle(self, run: Run, max_bad_steps: int, evaluated: bool = False) -> None:
+        """Count the skipped steps since the last read, warn, and stop a diverged run.
+        `evaluated`: whether this start has run an eval (its message then says why no checkpoint)."""
         if not self.pending:
             return
         steps = [s for s, _ in self.pending]
@@ -102,10 +103,18 @@ class Guard:
             p.bad_total += 1
             logger.warning(f"step {step}: non-finite loss or gradient, update skipped ({p.bad_in_a_row} in a row)")
             if p.bad_in_a_row >= max_bad_steps:
-                last = runs.latest(run.out_dir) or "none (no eval reached yet)"
+                last = runs.latest(run.out_dir)
+                # step 0's eval saves no checkpoint: the first is saved at the next eval
+                where = (
+                    f"the last good checkpoint is {last}"
+                    if last is not None
+                    else "no checkpoint was saved yet (the eval at step 0 saves none)"
+                    if evaluated
+                    else "no checkpoint was saved yet (no eval reached yet)"
+                )
                 raise TinyGPTError(
                     f"training diverged: {p.bad_in_a_row} non-finite steps in a row at step {step}; "
-                    f"the last good checkpoint is {last}; lower optim.lr or train.grad_clip"
+                    f"{where}; lower optim.lr or train.grad_clip"
                 )
 
 

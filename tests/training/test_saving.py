@@ -71,3 +71,22 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint
         train(compose([*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}"], tmp_path))
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("ckpt")] == ["ckpt-0000010.pt"]
     assert resumable(tmp_path / "checkpoints" / "ckpt-0000010.pt").step == 10
+
+
+def test_a_run_diverging_before_its_first_save_says_its_step_0_eval_saved_none(tmp_path, data_root):
+    """The step-0 eval ran, no checkpoint yet (step 0 saves none): the message says so, not that
+    no eval was reached."""
+    root, data_overrides = data_root
+    wild = [
+        *ENGINE_RUN,
+        *data_overrides,
+        f"paths.data_dir={root}",
+        "optim.lr=1e30",
+        "optim.muon_lr=1e30",
+        "train.max_bad_steps=4",
+    ]
+    with pytest.raises(TinyGPTError) as error:
+        train(compose(wild, tmp_path))
+    assert "training diverged" in str(error.value) and not runs.step_checkpoints(tmp_path)
+    assert "no checkpoint was saved yet (the eval at step 0 saves none)" in str(error.value)
+    assert "no eval reached" not in str(error.value)
