@@ -67,9 +67,10 @@ def reply_room(model, max_new_tokens: int) -> int | None:
 
 def chat(s: ChatConfig, stdin: TextIO | None = None, out: TextIO | None = None, status: TextIO | None = None) -> list[dict]:
     """Run the conversation; returns its messages (what the history holds at the end)."""
-    from gpt.generation import stream
+    from gpt.generation import stream, utf8
 
     stdin, out, status = stdin or sys.stdin, out or sys.stdout, status or sys.stderr
+    utf8(s.system or "", "system")
     model, tokenizer, rt = load_chat_model(s, status)
     interactive = stdin.isatty()
     start = [{"role": "system", "content": s.system}] if s.system else []
@@ -89,6 +90,13 @@ def chat(s: ChatConfig, stdin: TextIO | None = None, out: TextIO | None = None, 
             print("(conversation cleared)", file=status, flush=True)
             continue
         if not text.strip():
+            continue
+        try:
+            utf8(text, "the message")
+        except TinyGPTError as e:  # a typed slip ends no conversation; a piped file's does
+            if not interactive:
+                raise
+            print(f"(not sent: {e})", file=status, flush=True)
             continue
         history.append({"role": "user", "content": text})
         if limit is None:

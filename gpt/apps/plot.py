@@ -29,6 +29,10 @@ def plot(s: PlotConfig) -> Path:
 
     if s.attention == "":  # (taken verbatim, after the settings checked themselves)
         raise TinyGPTError("attention= needs a prompt, e.g. attention='ROMEO: But soft'")
+    if s.attention is not None:
+        from gpt.generation.text import utf8
+
+        utf8(s.attention, "attention=")
     if s.run_dir:
         run_dir = Path(s.run_dir).expanduser()
         if not run_dir.is_dir():

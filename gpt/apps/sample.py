@@ -51,9 +51,11 @@ def read_prompts(s: SampleConfig, stdin: TextIO | None = None) -> list[str]:
             raise TinyGPTError(f"prompt_file {path} does not exist; check the path or pass prompt='text'")
         text = read_text(path, "prompt_file")
         return _jsonl_prompts(path, text) if path.suffix == ".jsonl" else [text]
+    from gpt.generation import utf8
+
     if s.prompt == "-":
-        return [(stdin or sys.stdin).read()]
-    return [s.prompt]
+        return [utf8((stdin or sys.stdin).read(), "the prompt read from stdin (prompt=-)")]
+    return [utf8(s.prompt, "prompt")]
 
 
 def read_text(path: Path, what: str) -> str:
@@ -92,9 +94,10 @@ def sample(
     as they are generated (stream=true), or come as one padded batch; status lines go to
     `status`. None for either prints nothing (the Python API)."""
     from gpt.checkpoints import loading
+    from gpt.generation.text import utf8
     from gpt.runtime import devices
 
-    s.stop = tuple(unescape(stop) for stop in s.stop)  # typed in a shell: \n is a backslash and an n
+    s.stop = tuple(utf8(unescape(stop), "stop") for stop in s.stop)  # typed in a shell: \n is a backslash and an n
     prompts = read_prompts(s, stdin)
     if s.out_file:  # refused now, not after every sample was generated
         _check_out_file(Path(s.out_file).expanduser())

@@ -14,6 +14,16 @@ from gpt.errors import TinyGPTError
 _NOT_CONTROLS = ("max_new_tokens", "stop", "stop_at_eot", "seed", "kv_cache")
 
 
+def _stop_strings(stop) -> tuple[str, ...]:
+    """stop=END and 'stop=[END,"\n\n"]' both work; a number or a mapping is refused (Hydra reads
+    stop=5 as the number, whose text as typed is gone: 5.0 and 5 alike)."""
+    items = list(stop) if isinstance(stop, (list, tuple)) else [] if stop is None else [stop]
+    wrong = [item for item in items if not isinstance(item, str)]
+    if wrong:
+        raise TinyGPTError(f"stop takes strings, got {wrong[0]!r}; quote it, e.g. 'stop=\"5\"' or 'stop=[END,\"5\"]'")
+    return tuple(items)
+
+
 @dataclass
 class SamplingSettings:
     """How text is generated: the controls of gpt.generation, of `sample.py` (which adds where
@@ -36,8 +46,7 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         check_types(self, "")
-        # stop=END and 'stop=[END,"\n\n"]' both work
-        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(str(s) for s in (self.stop or ()))
+        self.stop = _stop_strings(self.stop)
         at_least(self, "", 1, ("max_new_tokens",))
         if self.top_k is not None and self.top_k < 1:
             raise TinyGPTError(f"top_k must be a positive integer or null, got {self.top_k}")

@@ -32,7 +32,7 @@ from gpt.generation.compiled import compile_for_generation
 from gpt.generation.decoder import Decoder, decode_kernels
 from gpt.generation.layout import input_major
 from gpt.generation.sampling import draw, filter_logits, keep_typical, next_tokens, not_finite, penalize_repeats
-from gpt.generation.text import TextStream, decode_safe, encode_prompt, stop_ids
+from gpt.generation.text import TextStream, decode_safe, encode_prompt, stop_ids, utf8
 from gpt.model import GPT
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "decode_safe",
     "draw",
     "encode_prompt",
+    "utf8",
     "filter_logits",
     "generate",
     "input_major",

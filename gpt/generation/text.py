@@ -64,6 +64,19 @@ class TextStream:
         return piece
 
 
+def utf8(text: str, what: str) -> str:
+    """`text` as given, or a one-line error where it is not UTF-8. Python reads a command line
+    and stdin with surrogateescape: a byte that is no UTF-8 comes as a lone surrogate
+    (U+DC80-U+DCFF), which no tokenizer takes and printing it fails mid-output."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        seen = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise TinyGPTError(f"{what} is not UTF-8 text ({seen} at character {e.start}); give it as UTF-8") from None
+    return text
+
+
 def decode_safe(tokenizer, ids: list[int]) -> str:
     """Decoded text of ids, holding back a trailing partial UTF-8 character (BPE tokenizers can
     split one character over several tokens; decoding them one by one would show garbage)."""

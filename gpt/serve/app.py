@@ -220,11 +220,18 @@ async def _json_body(request: Request, limit: int):
         if len(body) > limit:
             raise ApiError(413, f"the request body is over this server's limit of {limit} bytes", code="body_too_large")
     try:
-        return json.loads(body)
+        data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply to be read as JSON") from None
+    try:  # JSON may escape half of a surrogate pair ("\udcff"): no text a tokenizer can take
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(
+            400, f"the request body holds {e.object[e.start]!r}, half of a surrogate pair: no text; send UTF-8 text"
+        ) from None
+    return data
 
 
 def _parse(data, request=CompletionRequest):

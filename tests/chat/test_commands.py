@@ -7,14 +7,17 @@ Run: python -m pytest tests/chat/test_commands.py"""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from gpt.chat.synthetic import suite
 from gpt.checkpoints import checkpoint
 from gpt.checkpoints.runs import latest
-from helpers import TEXT, assert_one_line_error, relaid, run_script
+from helpers import REPO, TEXT, assert_one_line_error, relaid, run_script
 
 QUESTIONS = ["What is 12 + 30?", "Who are you?", "Reverse the word 'stone'."]
 
@@ -105,6 +108,13 @@ def test_chat_reads_one_message_per_line_and_keeps_the_history(runs):
     assert cleared.stdout.split("\n")[1] == alone.stdout.split("\n")[0]  # /clear: the third question alone
     ended = chat_cli(runs, stdin=f"{QUESTIONS[0]}\n/exit\n{QUESTIONS[1]}\n")
     assert ended.stdout.count("\n") == 1
+    # a piped line that is not UTF-8 (byte 0xff): one line after the replies before it
+    cwd, root, _, sft, _, _ = runs
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "gpt", "chat", f"run_dir={sft}", "temperature=0", "max_new_tokens=24"]
+    bad = subprocess.run(command, cwd=cwd, env=env, input=f"{QUESTIONS[0]}\n".encode() + b"2 + 2\xff?\n", capture_output=True)
+    assert bad.returncode == 2 and bad.stdout.decode() == proc.stdout.split("\n")[0] + "\n"
+    assert bad.stderr.decode().strip().splitlines()[-1].startswith("error: the message is not UTF-8 text (byte 0xff")
 
 
 def test_chat_decodes_with_weights_laid_out_for_the_cpu(runs):

@@ -247,3 +247,18 @@ def test_a_chat_reply_without_max_tokens_fills_the_room_left_in_the_context(chat
         port, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 41}, path="/v1/chat/completions"
     )
     assert status == 400 and json.loads(data)["error"]["param"] == "max_tokens"
+
+
+def test_half_a_surrogate_pair_in_the_json_is_400_not_a_crash(chatting):
+    """JSON may escape a lone surrogate ("\\udcff", what Python makes of a byte that is no UTF-8);
+    a byte tokenizer cannot encode it: a 400 naming it, and the server serves on."""
+    port, _ = chatting
+    for path, body in (
+        ("/v1/completions", {"prompt": "ab\udcff", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi\ud800"}], "max_tokens": 2}),
+    ):
+        status, data, _ = _post(port, body, path=path)
+        error = json.loads(data)["error"]
+        assert status == 400 and "half of a surrogate pair" in error["message"], (path, error)
+    status, _, _ = _post(port, {"prompt": "ab", "max_tokens": 2})
+    assert status == 200
