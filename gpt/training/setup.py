@@ -112,6 +112,8 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
             if not dist.is_main:
                 model = registry.build(registry.config_from_dict(shape))
                 model_config = model.config
+    if resumed is not None:  # it goes on as the checkpoint's model: recorded and compared ("changed:") as such
+        cfg = replace(cfg, model=model_config)
     notices = data.check_fits(model_config.block_size)  # said once the batches exist
     cfg = replace(cfg, train=_horizon(cfg, model, model_config, dist, log))
     cfg = replace(cfg, optim=_schedule_settings(cfg, resumed, log))
@@ -371,6 +373,8 @@ def _restore(ckpt: Checkpoint, path: Path, cfg: RunConfig, optimizer, scaler, ba
             recorded["model"] = as_given(registry.config_from_dict(recorded["model"]))
         except (TinyGPTError, TypeError):  # a record of another version: compared as it is
             pass
+        # a value the first start left to the data (vocab_size: null) is no change
+        now["model"] = {k: None if recorded["model"].get(k, 0) is None else v for k, v in now["model"].items()}
     changed = changed_settings(recorded, now)
     log(
         f"resuming from {path} at step {ckpt.step} (best val loss {ckpt.best_val_loss:.4f})"

@@ -100,6 +100,14 @@ def test_a_resumed_run_keeps_its_shape_and_says_what_it_ignores(tmp_path, data_r
         run = build_run(compose([*base, "model.n_embd=36", "train.max_iters=6"], tmp_path))
     assert run.model_config.n_embd == 24 and run.progress.step == 4
     assert "ignoring model.n_embd=36 (checkpoint: 24)" in caplog.text and "train.max_iters: 4 -> 6" in caplog.text
+    # what it ignores is not also "changed" (the model goes on as the checkpoint's), nor is the
+    # vocabulary size the first start left to the data; what applies (activation checkpointing) is
+    resuming = next(line for line in caplog.text.splitlines() if "resuming from" in line)
+    assert "model.n_embd" not in resuming and "vocab_size" not in resuming, resuming
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinygpt"):
+        run = build_run(compose([*base, "model.activation_checkpointing=true", "train.max_iters=6"], tmp_path))
+    assert "changed: model.activation_checkpointing: False -> True" in caplog.text and run.cfg.model.n_embd == 24
 
 
 def test_extending_a_finished_run_says_how_the_learning_rate_moves(tmp_path, data_root, caplog):
