@@ -186,5 +186,9 @@ def test_a_finetune_names_only_the_model_settings_the_command_line_gave(tmp_path
     given = [*ft, "model.n_layer=8", "model.dropout=0.1", "model.activation_checkpointing=true"]
     with caplog.at_level("INFO", logger="tinygpt"):
         run = build_run(compose(_started(tmp_path / "new", given), tmp_path / "new"))
-    assert "; ignoring model.n_layer=8 (init_from's: 2)\n" in caplog.text, caplog.text
+    assert "; ignoring model.n_layer=8 (the finetune's: 2)\n" in caplog.text, caplog.text
+    caplog.clear()  # the context the finetune extended to (16 -> 40), not the base's, and what sets it
+    with caplog.at_level("INFO", logger="tinygpt"):
+        build_run(compose(_started(tmp_path / "new2", [*ft, "model.block_size=64"]), tmp_path / "new2"))
+    assert "(its context: finetune.block_size); ignoring model.block_size=64 (the finetune's: 40)\n" in caplog.text
     assert run.model_config.activation_checkpointing and run.model_config.dropout == 0.1 and run.model_config.n_layer == 2

@@ -284,9 +284,9 @@ def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=
         if isinstance(model.config, GPTConfig):  # how the backward pass spends memory is the finetune's to choose
             model.config.activation_checkpointing = getattr(cfg.model, "activation_checkpointing", False)
         kept = as_given(model.config) | {k: v for k, v in as_given(cfg.model).items() if k in APPLY_TO_A_BASE}
-        ignored = ignored_settings(cfg.model, kept, given, kept_as="init_from's")
-        if ignored:  # (APPLY_TO_A_BASE apply: they change no weight)
-            log(f"notice: a finetune keeps init_from's model shape and block; ignoring {', '.join(ignored)}")
+        ignored = ignored_settings(cfg.model, kept, given, kept_as="the finetune's")
+        if ignored:  # (APPLY_TO_A_BASE apply: they change no weight; its context is finetune's to set)
+            log(f"notice: a finetune keeps init_from's shape (its context: finetune.block_size); ignoring {', '.join(ignored)}")
         return model, model.config
     config = _model_config(cfg, data, resumed, log, given)
     return registry.build(config), config
