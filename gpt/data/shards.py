@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -156,6 +157,7 @@ def replacing(out_dir: Path, expected_fingerprint: str, settings: dict, replace:
     if not replace:
         raise PreparedOtherwise(f"{out_dir} holds data prepared with other settings than these ({changes})")
     moved = before.get("identity") != settings.get("identity") and settings.get("split_by") != "tail"
+    moved = moved and not _same_files(str(before.get("identity")), str(settings.get("identity")))  # a folder moved: as it was
     return changes, (
         f"notice: {out_dir} holds data prepared with other settings ({changes}); preparing it again, in its place"
         + ("; documents may move between train and val (a resumed run may validate on some it trained on)" if moved else "")
@@ -196,13 +198,32 @@ def _source_change(there: str, here: str) -> str:
     a, b = _local_files(there), _local_files(here)
     if a is None or b is None or there.split(" ", 3)[:3] != here.split(" ", 3)[:3]:
         return f"the source: {there[:80]} there, {here[:80]} here"
+    (root_a, a), (root_b, b) = _relative(a), _relative(b)  # a folder moved holds the same files
     added, removed = sorted(set(b) - set(a)), sorted(set(a) - set(b))
     changed = sorted(f for f in set(a) & set(b) if a[f] != b[f])
     named = lambda files: ", ".join(Path(f).name for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")  # noqa: E731
     said = [
         f"{len(fs)} {what} ({named(fs)})" for fs, what in ((added, "added"), (removed, "removed"), (changed, "changed")) if fs
     ]
-    return f"the corpus's files changed since: {', '.join(said)}" if said else "the corpus: the same files"
+    moved = f"the corpus moved from {root_a} to {root_b}" if root_a != root_b else ""
+    if not said:
+        return f"{moved} (the same files)" if moved else "the corpus: the same files"
+    files = f"files changed since: {', '.join(said)}"
+    return f"{moved}, and its {files}" if moved else f"the corpus's {files}"
+
+
+def _same_files(there: str, here: str) -> bool:
+    a, b = _local_files(there), _local_files(here)
+    return a is not None and b is not None and _relative(a)[1] == _relative(b)[1]
+
+
+def _relative(files: dict) -> tuple[str, dict]:
+    """The folder the files share, and the files by their path in it."""
+    if not files:
+        return "", files
+    root = os.path.commonpath(list(files))
+    root = os.path.dirname(root) if root in files else root  # one file: its folder
+    return root, {os.path.relpath(f, root): v for f, v in files.items()}
 
 
 def _local_files(identity: str) -> dict | None:

@@ -47,6 +47,15 @@ def test_a_changed_corpus_or_tokenizer_is_prepared_again_saying_what_differs(tmp
     load_data(_local("notes", corpus), root, log=said.append)
     notice = [m for m in said if m.startswith("notice:")]
     assert len(notice) == 1 and "1 added (zz-new.txt)" in notice[0] and "documents may move between train and val" in notice[0]
+    said.clear()  # the folder moved, its files as they were: said so, and the split stays
+    before = load(_local("notes", corpus), root)
+    shutil.move(corpus, tmp_path / "moved")
+    moved = load_data(_local("notes", tmp_path / "moved"), root, log=said.append)
+    notice = [m for m in said if m.startswith("notice:")]
+    assert len(notice) == 1 and f"the corpus moved from {corpus} to {tmp_path / 'moved'} (the same files)" in notice[0]
+    assert "added" not in notice[0] and "documents may move" not in notice[0]
+    assert [list(s) for s in moved.val] == [list(s) for s in before.val]
+    corpus = tmp_path / "moved"
     said.clear()
     load_data(_local("notes", corpus, kind="char"), root, log=said.append)
     assert any("tokenizer: byte there, char here" in m for m in said if m.startswith("notice:"))
