@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dis
 import functools
-import itertools
 import logging
 import os
 import sys
@@ -185,62 +184,6 @@ def _refuse_numbers_as_booleans(cfg, overrides: list[str]) -> None:
         if isinstance(given, (int, float)) and not isinstance(given, bool):
             if isinstance(OmegaConf.select(cfg, override.key_or_group, default=None), bool):
                 raise TinyGPTError(f"{override.key_or_group} must be true or false, got {given!r}")
-
-
-def check_sweep(config_name: str, overrides: list[str], command: str, then: Callable[[object, bool], None] | None = None) -> None:
-    """Before a multirun starts: its keys, and the types of every value it can give a job: each
-    value of a comma list (with the other keys at their first value), each choice and both ends
-    of each interval of a search space (`hydra.sweeper.params`, e.g. Optuna's). A typo is then
-    one line now, not a failure in job 7. Whether a value is in range is each job's to find out
-    (that job is recorded as failed and the sweep goes on), unless no job could run at all: when
-    the settings of every combination (up to 64) fail `then(settings, here)` (e.g. a data root
-    that is a file), the sweep is refused now with the first reason. `here`: whether the jobs
-    run on this machine (not under a SLURM launcher, whose nodes have their own devices)."""
-    options = [_values(o) for o in _parse(overrides)]
-    firsts = [opts[0] for opts in options if opts]
-    cfg = compose_raw(config_name, firsts, command, hydra=True)
-    space = cfg.hydra.sweeper.get("params") or {}
-    options += [_values(o) for o in _parse([f"{k}={v}" for k, v in space.items()])]
-    for opts in options:
-        for choice in opts:
-            key = choice.split("=", 1)[0]
-            compose_raw(config_name, [o for o in firsts if o.split("=", 1)[0] != key] + [choice], command)
-    if then is not None:
-        target = str(cfg.hydra.launcher.get("_target_", ""))
-        here = target.endswith(("BasicLauncher", "LocalLauncher", "JoblibLauncher"))
-        _refuse_if_no_job_can_run(config_name, [opts for opts in options if opts], command, lambda s: then(s, here))
-
-
-def _refuse_if_no_job_can_run(config_name: str, options: list[list[str]], command: str, then) -> None:
-    first_error = None
-    for combination in itertools.islice(itertools.product(*options), 64):
-        try:
-            return then(compose(config_name, list(combination), command))
-        except TinyGPTError as e:
-            first_error = first_error or e
-    if first_error is not None:
-        raise TinyGPTError(f"no job of this sweep can run: {first_error}")
-
-
-def _parse(overrides: list[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create().parse_overrides(overrides)
-
-
-def _values(override) -> list[str]:
-    """The values a sweep override can take, as `key=value` overrides (an interval: its ends;
-    a sweep that cannot be listed here, such as glob(): none, its jobs check themselves)."""
-    from hydra.core.override_parser.types import IntervalSweep
-
-    if not override.is_sweep_override():
-        return [override.input_line]
-    value = override.value()
-    try:
-        values = [value.start, value.end] if isinstance(value, IntervalSweep) else list(override.sweep_string_iterator())
-    except Exception:  # e.g. glob(...), which needs Hydra's config loader to expand
-        return []
-    return [f"{override.get_key_element()}={v}" for v in values]
 
 
 def settings_of(cfg):

@@ -1,4 +1,5 @@
-"""A sweep's jobs before they train: a job folder that holds another sweep's run.
+"""A sweep's jobs before they train: every job's settings checked before the first starts
+(check_sweep), and a job folder that holds another sweep's run (refuse_another_sweeps_run).
 
 Hydra numbers a sweep's job folders (<sweep>/0, 1, ...), so rerunning a sweep into the same
 folder gives each job the folder of the earlier sweep's job of the same number: the same sweep
@@ -8,14 +9,20 @@ it on), but a sweep with other values would resume, and relabel, runs of other s
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from gpt.apps import common
 from gpt.checkpoints import runs
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.tracking import read_json
+
+# The most jobs of a sweep whose settings are composed before the first starts (~60 ms each).
+MAX_JOBS = 256
 
 # What a job may change when it resumes its own run: how long it trains, and how this machine runs it.
 RESUMABLE = ("train.max_iters", "resume", "threads", "compile", "device")
@@ -76,3 +83,110 @@ def _differing(these: dict, others: dict) -> str:
 
 def _text(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# --- before the first job ----------------------------------------------------------------------
+
+
+def check_sweep(config_name: str, overrides: list[str], command: str, then: Callable[[object, bool], None] | None = None) -> None:
+    """Before a multirun starts, so that a mistake is one line now, not a failure in job 7: the key
+    and type of every value it can give a job (each value of a comma list with the other keys at
+    their first value; each choice and both ends of each interval of a search space,
+    `hydra.sweeper.params`, e.g. Optuna's); then, for Hydra's basic sweeper, the settings of each
+    job it will run (up to MAX_JOBS: ranges and the checks across settings, as the job makes
+    them), and for a sweeper that draws its jobs, each value of its space, refused when it fails
+    with every combination of the other values (up to 64). When every job fails `then(settings,
+    here)` (e.g. device=cuda without a GPU), the sweep is refused with the first reason. `here`:
+    whether the jobs run on this machine (not under a SLURM launcher, whose nodes have their own
+    devices)."""
+    parsed = _parse(overrides)
+    options = [_values(o) for o in parsed]
+    firsts = [opts[0] for opts in options if opts]
+    cfg = common.compose_raw(config_name, firsts, command, hydra=True)
+    space = cfg.hydra.sweeper.get("params") or {}
+    drawn = [_values(o) for o in _parse([f"{k}={v}" for k, v in space.items()])]
+    for opts in options + drawn:
+        for choice in opts:
+            key = choice.split("=", 1)[0]
+            common.compose_raw(config_name, [o for o in firsts if o.split("=", 1)[0] != key] + [choice], command)
+    listed = [opts for opts in options if opts]
+    every_job = str(cfg.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper") and all(options)
+    if every_job:  # (a glob() lists no values here: its jobs check themselves)
+        swept = [o.is_sweep_override() for o in parsed]
+        jobs = [_job(config_name, list(c), swept, command) for c in itertools.islice(itertools.product(*listed), MAX_JOBS)]
+    else:
+        _check_space(config_name, listed + [d for d in drawn if d], command)
+    if then is not None:
+        target = str(cfg.hydra.launcher.get("_target_", ""))
+        here = target.endswith(("BasicLauncher", "LocalLauncher", "JoblibLauncher"))
+        if every_job:
+            _refuse_if_no_job_can_run(jobs, lambda s: then(s, here))
+        else:
+            combinations = itertools.islice(itertools.product(*listed, *(d for d in drawn if d)), 64)
+            _refuse_if_no_job_can_run(
+                (lambda c=c: common.compose(config_name, list(c), command) for c in combinations), lambda s: then(s, here)
+            )
+
+
+def _job(config_name: str, combination: list[str], swept: list[bool], command: str):
+    """One job's settings, as the job composes them; its error names the job by its swept values."""
+    try:
+        return common.compose(config_name, combination, command)
+    except TinyGPTError as e:
+        which = " ".join(o for o, s in zip(combination, swept, strict=True) if s)
+        raise TinyGPTError(f"the sweep's job {which}: {e}") from None
+
+
+def _check_space(config_name: str, options: list[list[str]], command: str) -> None:
+    """Each value a search can give (its space's, and the command line's comma lists and
+    intervals) with the other values: refused when no combination of them takes it."""
+    for i, opts in enumerate(options):
+        others = [o for j, o in enumerate(options) if j != i]
+        for choice in opts:
+            first_error = None
+            for combination in itertools.islice(itertools.product(*others), 64):
+                try:
+                    common.compose(config_name, [*combination, choice], command)
+                    break
+                except TinyGPTError as e:
+                    first_error = first_error or e
+            else:
+                if first_error is not None:
+                    raise TinyGPTError(f"the search's {choice}: {first_error}")
+
+
+def _refuse_if_no_job_can_run(jobs, then) -> None:
+    first_error = None
+    for job in jobs:
+        try:
+            return then(job() if callable(job) else job)
+        except TinyGPTError as e:
+            first_error = first_error or e
+    if first_error is not None:
+        raise TinyGPTError(f"no job of this sweep can run: {first_error}")
+
+
+def _parse(overrides: list[str]):
+    """Hydra's reading of the overrides; its grammar's error in one line (common.explain)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise TinyGPTError(common.explain(e)) from None
+
+
+def _values(override) -> list[str]:
+    """The values a sweep override can take, as `key=value` overrides (an interval: its ends;
+    a sweep that cannot be listed here, such as glob(): none, its jobs check themselves)."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    if not override.is_sweep_override():
+        return [override.input_line]
+    value = override.value()
+    try:
+        values = [value.start, value.end] if isinstance(value, IntervalSweep) else list(override.sweep_string_iterator())
+    except Exception:  # e.g. glob(...), which needs Hydra's config loader to expand
+        return []
+    return [f"{override.get_key_element()}={v}" for v in values]

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
-            common.guard(lambda: common.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
+            common.guard(lambda: jobs.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
             start = common.guard(lambda: claim_run_dir(overrides))
             argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
