@@ -35,6 +35,8 @@ def plot(s: PlotConfig) -> Path:
         utf8(s.attention, "attention=")
     if s.run_dir:
         run_dir = Path(s.run_dir).expanduser()
+        if run_dir.is_file():
+            raise TinyGPTError(f"run_dir={run_dir} is a file; pass its run's folder")
         if not run_dir.is_dir():
             raise TinyGPTError(f"run directory {run_dir} does not exist; check the path, or omit run_dir for the newest run")
     else:

@@ -14,6 +14,7 @@ are SamplingSettings).
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -47,6 +48,8 @@ def read_prompts(s: SampleConfig, stdin: TextIO | None = None) -> list[str]:
     holds one prompt per line, as a string or {"prompt": ...}; any other file is one prompt)."""
     if s.prompt_file:
         path = Path(s.prompt_file).expanduser()
+        if path.is_dir():
+            raise TinyGPTError(f"prompt_file {path} is a folder; name a text or .jsonl file, or pass prompt='text'")
         if not path.is_file():
             raise TinyGPTError(f"prompt_file {path} does not exist; check the path or pass prompt='text'")
         text = read_text(path, "prompt_file")
@@ -154,14 +157,19 @@ def _say(stream: TextIO | None, text: str, end: str = "\n") -> None:
 
 
 def _check_out_file(path: Path) -> None:
+    """Refused before sampling if it cannot be written, creating nothing (a later refusal, a
+    prompt outside a char vocabulary, must leave no empty file or folder behind)."""
     if path.is_dir():
         raise TinyGPTError(f"out_file={path} is a folder; name a file to append the samples to, e.g. {path / 'samples.jsonl'}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as e:
-        raise TinyGPTError(f"cannot write out_file={path} ({e.strerror or e}); pass a file you can write") from None
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise TinyGPTError(f"cannot write out_file={path} (permission denied); pass a file you can write")
+        return
+    folder = next(p for p in path.parents if p.exists())  # where the missing folders would be made
+    if not folder.is_dir():
+        raise TinyGPTError(f"cannot write out_file={path} ({folder} is a file); pass a file you can write")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise TinyGPTError(f"cannot write out_file={path} (permission denied in {folder}); pass a file you can write")
 
 
 def write_jsonl(path: Path, prompts: list[str], results: list[list[str]], s: SampleConfig, source: str) -> None:

@@ -140,6 +140,8 @@ def resolve(ckpt: str | None, run_dir: str | None, runs_root: str | Path) -> Pat
         return p
     if run_dir:
         d = Path(run_dir).expanduser()
+        if d.is_file():
+            raise TinyGPTError(f"run_dir={d} is a file; pass ckpt={d} for a checkpoint file, or its run's folder as run_dir")
         if not d.is_dir():
             raise TinyGPTError(f"run directory {d} does not exist; check the path, or omit run_dir to use the latest run")
         return checkpoint_in_run(d)

@@ -64,6 +64,26 @@ def test_sample_from_stdin_batch_file_stop_strings_and_jsonl(trained_run, data_r
     assert first == "ROMEO:" + records[0]["text"][: records[0]["text"].index(stop)]
 
 
+def test_refusals_name_their_cause_and_leave_nothing_behind(trained_run, data_root, tmp_path):
+    """A folder given as prompt_file, a checkpoint file as run_dir: said as such (both were "does
+    not exist"). A prompt the char vocabulary refuses, with out_file in a new folder: neither the
+    file nor the folder is made (an empty file was)."""
+    cwd, run_dir, _ = trained_run
+    root, _ = data_root
+    proc = run_script("sample.py", [f"run_dir={run_dir}", f"prompt_file={tmp_path}"], cwd, root)
+    assert_one_line_error(proc, f"prompt_file {tmp_path} is a folder")
+    best = run_dir / "checkpoints" / "best.pt"
+    proc = run_script("sample.py", [f"run_dir={best}"], cwd, root)
+    assert_one_line_error(proc, f"run_dir={best} is a file; pass ckpt={best}")
+    out = tmp_path / "new" / "samples.jsonl"
+    proc = run_script("sample.py", [f"run_dir={run_dir}", "prompt=\u65e5\u672c", f"out_file={out}"], cwd, root)
+    assert_one_line_error(proc, "outside this char-level vocabulary")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("x")
+    proc = run_script("sample.py", [f"run_dir={run_dir}", f"out_file={tmp_path / 'file' / 'x.jsonl'}"], cwd, root)
+    assert_one_line_error(proc, f"cannot write out_file={tmp_path / 'file' / 'x.jsonl'} ({tmp_path / 'file'} is a file)")
+
+
 def test_sample_without_any_run(tmp_path, data_root):
     root, _ = data_root
     assert_one_line_error(run_script("sample.py", [], tmp_path, root), "no trained run found", "python train.py")
