@@ -7,10 +7,17 @@ import hashlib
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist (`-n 2`, as CI runs the suite) the workers share the cores: one thread each,
+# for this process's torch and every process a test starts (tinygpt's runs and torchrun read
+# OMP_NUM_THREADS), set before torch starts its thread pool. Two trainings of two threads each on
+# two cores run many times slower than one (gpt.runtime.threads). An OMP_NUM_THREADS given stays.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from helpers import R50K_CACHE_NAME, SHARED_RANKS, SHARED_TEXT
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from helpers import R50K_CACHE_NAME, SHARED_RANKS, SHARED_TEXT  # noqa: E402
 
 # Tests never reach the Hub. Set before anything imports huggingface_hub, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
