@@ -31,10 +31,31 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def summarise(s: SweepConfig) -> list[dict]:
+    _refuse_a_folder_without_jobs(Path(s.dir))
     rows = write_leaderboard(s.dir, s.rank_by)
     print((Path(s.dir) / "leaderboard.md").read_text(), end="")
     print(f"wrote leaderboard.md, leaderboard.csv and val_curves.png ({len(rows)} runs) in {s.dir}")
     return rows
+
+
+def _refuse_a_folder_without_jobs(folder: Path) -> None:
+    """A folder with no job folders (0, 1, ... or any holding a .hydra/ record or a summary.json),
+    no sweep folders and no multirun.yaml (Hydra's, there from a sweep's start, e.g. one queued on
+    SLURM) is no sweep: nothing is written into it. (A run directory, a folder of sweeps:
+    write_leaderboard names them.)"""
+
+    def job(p: Path) -> bool:
+        return p.is_dir() and (p.name.isdigit() or (p / ".hydra").is_dir() or (p / "summary.json").is_file())
+
+    if not folder.is_dir() or (folder / "summary.json").is_file() or (folder / "checkpoints").is_dir():
+        return
+    if (folder / "multirun.yaml").is_file() or any(
+        job(p) or (p.is_dir() and any(map(job, p.iterdir()))) for p in folder.iterdir()
+    ):
+        return
+    raise TinyGPTError(
+        f"{folder} holds no sweep (no job folders, no multirun.yaml); pass the folder of a multirun (outputs/sweeps/<stamp>)"
+    )
 
 
 class JobFailure(float):
@@ -76,7 +97,8 @@ class LeaderboardCallback(Callback):
         num = hydra_cfg.job.num
         self.ended.add(num)
         if job_return is not None and job_return.status == JobStatus.FAILED:  # JobFailed, or a bug
-            self.failed.setdefault(num, str(job_return._return_value).splitlines()[0])
+            failure = job_return._return_value  # JobFailed says its job; its reason, without it
+            self.failed.setdefault(num, getattr(failure, "reason", None) or str(failure).splitlines()[0])
         elif job_return is not None and isinstance(job_return.return_value, JobFailure):
             self.failed.setdefault(num, job_return.return_value.reason)
         try:

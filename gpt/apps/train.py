@@ -43,9 +43,18 @@ def main(argv: list[str] | None = None) -> None:
         if multirun:
             common.guard(lambda: jobs.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
+            common.guard(lambda: _refuse_a_search_without_multirun(own))
             start = common.guard(lambda: claim_run_dir(overrides))
             argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
     _hydra_main([*argv, *quiet_non_zero_ranks(multirun)], start)
+
+
+def _refuse_a_search_without_multirun(overrides: list[str]) -> None:
+    """hparams_search=<search> picks a sweeper, which only a multirun uses: without -m it would be
+    one plain run of the search's settings, unsaid."""
+    search = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hparams_search=")), None)
+    if search not in (None, "", "null"):
+        raise TinyGPTError(f"hparams_search={search} is a search, which runs with -m: {_COMMAND} -m hparams_search={search} ...")
 
 
 def _meet() -> None:
@@ -284,7 +293,9 @@ def _task(cfg, start: Start | None = None) -> float:
         devices.free_memory()
         if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
             return sweep.JobFailure(reason)  # NaN to the sweeper; the reason to the sweep's end
-        raise JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
+        failed = JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
+        failed.reason = reason  # what the sweep's end says after the job's number (sweep.LeaderboardCallback)
+        raise failed
 
     return common.guard(sweep_job if multirun else run)
 

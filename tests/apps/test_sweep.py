@@ -233,6 +233,32 @@ def test_a_search_value_out_of_range_is_refused_before_the_study():
     check_sweep("config", ["hparams_search=optuna", "model.n_embd=choice(24,32)", "model.n_head=choice(3,4)"], "tinygpt train")
 
 
+def test_a_failed_trial_is_named_once_at_the_search_end(tmp_path, data_root):
+    """Optuna's failed trial: 'first: job 1: <reason>' (was 'first: job 1: job 1 (<overrides>) failed: <reason>')."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the optuna extra: pip install -e '.[optuna]'")
+    root, data_overrides = data_root
+    args = ["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=4", "model.n_embd=choice(24,32)", "model.n_head=choice(3,4)"]
+    args += [*QUICK, "train.max_iters=5", *data_overrides, f"hydra.sweep.dir={tmp_path / 's'}"]
+    proc = run_script("train.py", args, tmp_path, root)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 4 jobs failed (first: job 1: model.n_embd=32 is not divisible by model.n_head=3"), last
+
+
+def test_a_search_without_multirun_is_refused(tmp_path):
+    proc = run_script("train.py", ["hparams_search=optuna", "debug=tiny", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path, tmp_path)
+    assert_one_line_error(proc, "hparams_search=optuna is a search, which runs with -m: tinygpt train -m hparams_search=optuna")
+    assert not (tmp_path / "r").exists()
+
+
+def test_sweep_command_refuses_a_folder_without_jobs(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "notes.txt").write_text("keep me")
+    proc = run_script("sweep", [str(tmp_path)], tmp_path, tmp_path)
+    assert_one_line_error(proc, f"{tmp_path} holds no sweep (no job folders, no multirun.yaml)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "notes.txt"]
+
+
 @pytest.mark.slow
 def test_a_killed_job_shows_as_stale(tmp_path, data_root):
     """The leaderboard is written as each job ends, so a sweep killed in its second job has one
