@@ -300,7 +300,7 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
         resumed.tokenizer,
         data.tokenizer.to_dict(),
         "the checkpoint's tokenizer differs from this data's",
-        f"resume with the data settings the run was trained with (data.name={resumed.config.get('data', {}).get('name', '?')})",
+        "a run resumes on the data it was trained on: its data settings and its corpus as they were then",
     )
     saved = registry.config_from_dict(resumed.model_config)
     if isinstance(saved, GPTConfig):  # how the backward pass spends memory is this run's to choose

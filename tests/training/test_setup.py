@@ -55,6 +55,12 @@ def test_corpus_shorter_than_a_window_and_tokenizer_mismatch(tmp_path):
     assert train(compose([*bpe, "train.max_iters=6"], tmp_path / "run3"))["step"] == 6
     # a GPT run resumed with a recurrent model named: the checkpoint's model, as for any model setting
     assert train(compose([*bpe, "train.max_iters=8", "model=lstm"], tmp_path / "run3"))["step"] == 8
+    # a char run whose corpus gained characters since: the characters named, and what resumes it
+    chars = [*ok, "data.tokenizer.kind=char", "data.name=text_char"]
+    train(compose(chars, tmp_path / "run4"))
+    (text / "zz.txt").write_text("A document with digits 0123 and a tilde ~ " * 4)
+    with pytest.raises(TinyGPTError, match=r"only the data has .*'~'\); a run resumes on the data it was trained on: its data"):
+        train(compose([*chars, "train.max_iters=6"], tmp_path / "run4"))
 
 
 def test_tiny_bpe_end_to_end_train_and_sample(tmp_path):
