@@ -229,6 +229,8 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     if isinstance(cause, ValidationError) and key:
         want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or _item_type(cause) or first
         return f"{key} must be {want}, got {getattr(cause, 'value', None)!r}"
+    if "Could not load 'hydra/launcher/submitit" in first:  # configs/hydra/launcher/slurm.yaml's plugin
+        return f"{first.rstrip('.')}: hydra/launcher=slurm needs the slurm extra: pip install 'tinygpt[slurm]'"
     return first
 
 

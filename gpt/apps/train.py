@@ -215,6 +215,10 @@ def _hydra_main(argv: list[str], start: Start | None = None) -> None:
         if not ours:
             raise
         common.fail(str(e))
+    except RuntimeError as e:  # submitit, asked to submit where there is no SLURM
+        if not ours or 'Could not detect "srun"' not in str(e):
+            raise
+        common.fail("hydra/launcher=slurm submits the jobs to SLURM and finds no srun here: run it on the cluster (a login node)")
     except ValueError as e:  # Optuna's study, when not one trial completed
         if not ours or "No trials are completed" not in str(e):
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -163,6 +164,23 @@ def test_slurm_launcher_config_composes():
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = hydra_compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher.gpus_per_node == 1 and "submitit" in cfg.hydra.launcher._target_
+
+
+def test_the_slurm_launcher_off_a_cluster_or_without_its_plugin_is_one_line(tmp_path, data_root):
+    """Off a cluster, submitit's RuntimeError ('Could not detect "srun"') was a traceback; without
+    the plugin, Hydra's 'Could not load' named no package to install."""
+    from hydra.errors import MissingConfigException
+
+    from gpt.apps.common import explain
+
+    missing = MissingConfigException("In 'hydra/launcher/slurm': Could not load 'hydra/launcher/submitit_slurm'.", "x")
+    assert explain(missing).endswith("hydra/launcher=slurm needs the slurm extra: pip install 'tinygpt[slurm]'")
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: pip install -e '.[slurm]'")
+    if shutil.which("srun"):
+        pytest.skip("this machine has srun: the launcher would submit")
+    root, data_overrides = data_root
+    args = ["-m", "hydra/launcher=slurm", "debug=tiny", *data_overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    assert_one_line_error(run_script("train.py", args, tmp_path, root), "finds no srun here: run it on the cluster")
 
 
 @pytest.mark.slow
