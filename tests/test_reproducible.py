@@ -29,7 +29,10 @@ from gpt.checkpoints import checkpoint, runs
 from helpers import REPO, sigterm_after_step_5
 
 # 40 steps, a loss at every one, an eval and a checkpoint every 5: resume points all along the run.
-RUN = ["debug=tiny", "train.max_iters=40", "train.eval_interval=5", "train.log_interval=1", "train.sample_tokens=0"]
+# 48 dims: wide enough that 1 and 2 threads split some sum differently (debug=tiny's 24 is not,
+# and then the equalities below would hold whatever the count: test_the_thread_count_shows_...)
+RUN = ["debug=tiny", "model.n_embd=48", "train.max_iters=40", "train.eval_interval=5", "train.log_interval=1"]
+RUN += ["train.sample_tokens=0"]
 STEPS = 40
 TIMING = ("time", "elapsed_s", "ms_per_step")  # what may differ between equal runs
 FIGURES = ("best_val_loss", "final_val_loss", "step", "tokens_seen", "status")  # summary.json's results

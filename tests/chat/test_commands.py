@@ -79,7 +79,7 @@ def runs(tmp_path_factory):
 
 def test_sft_adds_the_template_trains_replies_and_records_it(runs):
     cwd, root, base, sft, stdout, _ = runs
-    assert "conversations are tokenized with the base model's tokenizer" in stdout
+    assert "conversations are tokenized with the model's tokenizer (init_from's" in stdout
     assert "chat template: 4 special tokens added (ids 257-260), initialised to the mean embedding" in stdout
     assert "are left out:" in stdout  # the long ones: said, with counts
     assert "<|user|>" in stdout and "<|assistant|>" in stdout  # the final sample is a reply to a conversation
