@@ -233,7 +233,12 @@ def test_eval_scores_a_chat_finetune_on_its_own_data_and_prepare_takes_conversat
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "on chats val:" in proc.stdout and "perplexity" in proc.stdout
     assert {p.name: p.read_bytes() for p in (root / "chats").iterdir()} == data
-    proc = run_script("prepare", ["data=local", f"data.source.path={held_out}", "data.name=held_out"], cwd, tmp_path / "data")
+    proc = run_script(
+        "prepare",
+        ["data=local", f"data.source.path={held_out}", "data.name=held_out", "data.tokenizer.kind=byte"],
+        cwd,
+        tmp_path / "data",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "held_out: 40 conversations," in proc.stdout + proc.stderr
 
