@@ -39,7 +39,7 @@ from gpt.training import sharding
 from gpt.training.finetune import APPLY_TO_A_BASE, initial_model, prepare_finetune, resumed_finetune
 from gpt.training.optim import build_optimizer
 from gpt.training.schedule import CosineSchedule
-from gpt.training.start import Claim, preflight
+from gpt.training.start import Claim, hydra_overrides, preflight
 from gpt.training.state import Progress, Run, quiet
 
 
@@ -313,15 +313,11 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
 
 
 def _given(out_dir: Path) -> set[str] | None:
-    """The model settings this start's command line gave: Hydra's record of it, written into the
-    run directory before the run is built (gpt.training.start.started_with reads a run's too).
-    None for a run built in Python, whose settings object is all it was given."""
-    import yaml  # omegaconf's own dependency
-
-    try:
-        return model_settings_given([str(o) for o in yaml.safe_load((out_dir / ".hydra" / "overrides.yaml").read_text()) or []])
-    except (OSError, yaml.YAMLError, TypeError):
-        return None
+    """The model settings this start's command line gave (Hydra's record of it, written into the
+    run directory before the run is built); None for a run built in Python, whose settings
+    object is all it was given."""
+    given = hydra_overrides(out_dir)
+    return model_settings_given(given) if given is not None else None
 
 
 def _load_weights(ckpt: Checkpoint, path: Path, model: nn.Module) -> None:

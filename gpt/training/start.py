@@ -160,18 +160,22 @@ def started_with(source: Path) -> str:
 
 def recorded_overrides(source: Path, groups: tuple[str, ...]) -> list[str]:
     """What the last start of the run a checkpoint belongs to passed on its command line of the
-    settings `groups` (Hydra's record, <run>/.hydra/overrides.yaml); [] without a record."""
-    import yaml  # omegaconf's own dependency
-
+    settings `groups`; [] without a record."""
     # a step checkpoint sits in <run>/checkpoints/; one elsewhere has no run record to read
     source = Path(source)
-    record = source.parent.parent / ".hydra" / "overrides.yaml" if source.parent.name == "checkpoints" else None
-    record = record if record is not None and record.is_file() else None
+    given = hydra_overrides(source.parent.parent) if source.parent.name == "checkpoints" else None
+    return [o for o in given or [] if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in groups]
+
+
+def hydra_overrides(run_dir: Path) -> list[str] | None:
+    """The command line of a run's last start: Hydra's record, <run>/.hydra/overrides.yaml (None
+    without one: a run built in Python, or a folder that is no run)."""
+    import yaml  # omegaconf's own dependency
+
     try:
-        given = [str(o) for o in (yaml.safe_load(record.read_text()) or [])] if record is not None else []
-    except (OSError, yaml.YAMLError):
-        given = []
-    return [o for o in given if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] in groups]
+        return [str(o) for o in yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text()) or []]
+    except (OSError, yaml.YAMLError, TypeError):
+        return None
 
 
 def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
