@@ -124,8 +124,19 @@ def create_app(models: list[ServedModel], settings: ServeConfig, api_key: str | 
         if asked is not None and asked > settings.max_tokens:
             raise ApiError(400, f"max_tokens {asked} exceeds this server's limit of {settings.max_tokens}", param="max_tokens")
         # Absent a max, as OpenAI's: the room left in the model's context, so that the reply never
-        # slides its own prompt out of the window (at least 1 token; at most the server's limit).
-        max_tokens = asked or min(settings.max_tokens, max(1, served.block_size - len(prompt)))
+        # slides its own prompt out of the window (at most the server's limit). A prompt that
+        # leaves no room is refused, as OpenAI refuses it, rather than answered with 1 token.
+        room = served.block_size - len(prompt)
+        if asked is None and room < 1:
+            raise ApiError(
+                400,
+                f"{_context(served)} and your messages resulted in {len(prompt)} tokens, leaving no room for a reply: "
+                f"drop older messages, or pass max_tokens for a reply that runs past the context "
+                f"(the model then sees only the last {served.block_size} tokens)",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        max_tokens = asked or min(settings.max_tokens, room)
         reply = ChatReply(req, served.id, req.n, len(prompt))
         return await run(request, req, served, [prompt], _sampling(req, max_tokens), reply)
 
@@ -307,9 +318,10 @@ def _encode(req: CompletionRequest, served: ServedModel, settings: ServeConfig) 
             if any(not 0 <= t < vocab for t in ids):
                 raise ApiError(400, f"prompt token ids must be in 0..{vocab - 1} (this model's vocabulary)", param="prompt")
         if len(ids) > limit:
+            which = "your prompt" if len(prompts) == 1 else f"prompt {len(encoded) + 1} of {len(prompts)}"
             raise ApiError(
                 400,
-                f"the prompt has {len(ids)} tokens; this server takes at most {limit}",
+                f"{_too_long(served, settings, which, len(ids))}: shorten it",
                 param="prompt",
                 code="context_length_exceeded",
             )
@@ -335,15 +347,26 @@ def _chat_prompt(req: ChatCompletionRequest, served: ServedModel, settings: Serv
         ids = tokenizer.prompt(messages, "messages")
     except (TinyGPTError, ValueError) as e:
         raise ApiError(400, str(e), param="messages") from None
-    limit = settings.max_prompt_tokens or served.block_size
-    if len(ids) > limit:
+    if len(ids) > (settings.max_prompt_tokens or served.block_size):
         raise ApiError(
             400,
-            f"the conversation has {len(ids)} tokens; this server takes at most {limit} (drop older messages)",
+            f"{_too_long(served, settings, 'your messages', len(ids))}: drop older messages",
             param="messages",
             code="context_length_exceeded",
         )
     return ids
+
+
+def _context(served: ServedModel) -> str:
+    return f"this model's maximum context length is {served.block_size} tokens"
+
+
+def _too_long(served: ServedModel, settings: ServeConfig, what: str, n: int) -> str:
+    """What a prompt of n tokens over the server's prompt limit is told (OpenAI's wording, and the
+    server's own limit where max_prompt_tokens sets one other than the model's context)."""
+    if settings.max_prompt_tokens is None:
+        return f"{_context(served)}, but {what} resulted in {n} tokens"
+    return f"{what} resulted in {n} tokens; this server takes at most {settings.max_prompt_tokens} (max_prompt_tokens; {_context(served)})"
 
 
 async def _cancel_on_disconnect(request: Request, job: Job, events: asyncio.Queue) -> None:

@@ -139,8 +139,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions: `messages` instead of `prompt`; the reply ends at the chat
     template's end of turn, or at max_tokens (or max_completion_tokens). Absent both, as OpenAI's:
-    the room left in the model's context (block_size minus the prompt's tokens, at least 1),
-    at most the server's limit (serve's max_tokens)."""
+    the room left in the model's context (block_size minus the prompt's tokens), at most the
+    server's limit (serve's max_tokens); messages that leave no room are refused (app.py)."""
 
     messages: list[ChatMessage]
     max_tokens: int | None = Field(None, ge=1)

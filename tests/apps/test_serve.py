@@ -155,7 +155,7 @@ def test_every_earlier_request_shape_works_through_the_openai_client(server):
         ({"prompt": "a", "temperature": -1}, 400, "temperature"),
         ({"prompt": "a", "top_p": 0}, 400, "top_p"),
         ({"prompt": "a", "model": "../../etc/passwd"}, 404, "not served here"),
-        ({"prompt": "a" * 5000}, 400, "at most"),
+        ({"prompt": "a" * 5000}, 400, "maximum context length is 16 tokens, but your prompt resulted in 5000 tokens"),
         ({"prompt": "a", "max_token": 5}, 400, "unknown parameter 'max_token'"),
         ({"prompt": "a", "logprobs": 3}, 400, "not supported"),
         ({"prompt": "\u2603"}, 400, "outside this char-level vocabulary"),

@@ -227,8 +227,9 @@ def chatting():
 
 def test_a_chat_reply_without_max_tokens_fills_the_room_left_in_the_context(chatting):
     """Absent max_tokens (and max_completion_tokens), as OpenAI's: block_size minus the prompt,
-    at least 1, at most the server's limit; never the server's limit past the context, where the
-    window would slide the reply's own prompt out. A max given is kept as it is."""
+    at most the server's limit; never the server's limit past the context, where the window
+    would slide the reply's own prompt out. A max given is kept as it is. (A prompt that leaves
+    no room: test_a_prompt_that_leaves_no_room_is_context_length_exceeded_not_a_1_token_reply.)"""
     port, _ = chatting
 
     def chat(text: str, **body) -> dict:
@@ -240,13 +241,91 @@ def test_a_chat_reply_without_max_tokens_fills_the_room_left_in_the_context(chat
     usage = chat("hi")
     assert usage["prompt_tokens"] < 32 and usage["total_tokens"] == 32, usage  # the context's room, not 40
     full = "x" * (32 - usage["prompt_tokens"] + 2)  # a byte a character: the prompt fills the context
-    assert chat(full)["prompt_tokens"] == 32 and chat(full)["completion_tokens"] == 1  # no room: 1 token
+    assert chat(full, max_tokens=5) == {"prompt_tokens": 32, "completion_tokens": 5, "total_tokens": 37}
     assert chat("hi", max_tokens=35)["completion_tokens"] == 35  # given: kept, past the context too
     assert chat("hi", max_completion_tokens=3)["completion_tokens"] == 3
     status, data, _ = _post(
         port, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 41}, path="/v1/chat/completions"
     )
     assert status == 400 and json.loads(data)["error"]["param"] == "max_tokens"
+
+
+@pytest.fixture
+def chatting_long():
+    """The chat model of `chatting` served with max_prompt_tokens=64, twice its context: longer
+    prompts are taken, keeping their last 32 tokens, as sample.py does."""
+    tok = ChatTokenizer(ByteTokenizer())
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16, tie_embeddings=False)
+    model = GPT(config).eval()
+    torch.nn.init.zeros_(model.lm_head.weight)
+    yield from _serving(model, tok, ServeConfig(max_tokens=40, max_prompt_tokens=64))
+
+
+def _prompt_tokens(port: int) -> int:
+    """The tokens the chat template adds around one user message (a byte a character)."""
+    status, data, _ = _post(port, {"messages": [{"role": "user", "content": ""}], "max_tokens": 1}, path="/v1/chat/completions")
+    assert status == 200, data
+    return json.loads(data)["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("over", [0, 2])  # the messages fill the context; they are 2 tokens longer
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_that_leaves_no_room_is_context_length_exceeded_not_a_1_token_reply(chatting, chatting_long, over, stream):
+    """A chat request without max_tokens whose messages fill or pass the model's context is a 400
+    with code context_length_exceeded naming the context and the messages' tokens, as OpenAI
+    answers (it was a 1-token reply: the room left, at least 1), streaming or not, through the
+    openai client too, whatever max_prompt_tokens allows. With max_tokens the reply runs past the
+    context, as documented (docs/serving.md); /v1/completions (max_tokens 16 when absent) serves a
+    prompt as long as the context, and refuses a longer one in the same words. A prompt over
+    max_prompt_tokens names that limit."""
+    openai = pytest.importorskip("openai")
+    for (port, _), allowed in ((chatting, 32), (chatting_long, 64)):
+        template = _prompt_tokens(port)
+        messages = [{"role": "user", "content": "x" * (32 - template + over)}]
+        request = {"messages": messages, "temperature": 0, "stream": stream}
+        status, data, _ = _post(port, request, path="/v1/chat/completions")
+        error = json.loads(data)["error"]
+        assert status == 400 and error["code"] == "context_length_exceeded" and error["param"] == "messages", error
+        assert "maximum context length is 32 tokens" in error["message"], error
+        assert f"your messages resulted in {32 + over} tokens" in error["message"], error
+        if over and allowed == 32:  # over the server's limit: the messages must shrink
+            assert error["message"].endswith("drop older messages"), error
+        else:  # within it, but no room for a reply: max_tokens would be served
+            assert "leaving no room for a reply" in error["message"] and "pass max_tokens" in error["message"], error
+            status, data, _ = _post(port, {**request, "max_tokens": 3}, path="/v1/chat/completions")
+            assert status == 200, data
+            if not stream:
+                assert json.loads(data)["usage"] == {
+                    "prompt_tokens": 32 + over,
+                    "completion_tokens": 3,
+                    "total_tokens": 35 + over,
+                }
+            else:
+                chunks = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: {")]
+                assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "\0" * 3, data
+
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.chat.completions.create(model="tiny", messages=messages, temperature=0, stream=stream)
+        assert refused.value.code == "context_length_exceeded" and "maximum context length is 32" in refused.value.message
+
+        status, data, _ = _post(port, {"prompt": [0] * (32 + over), "temperature": 0, "stream": stream})
+        if over and allowed == 32:
+            error = json.loads(data)["error"]
+            assert status == 400 and error["code"] == "context_length_exceeded" and error["param"] == "prompt", error
+            assert "maximum context length is 32 tokens, but your prompt resulted in 34 tokens" in error["message"], error
+        else:
+            assert status == 200, data
+            if not stream:
+                assert json.loads(data)["usage"]["completion_tokens"] == 16  # OpenAI's default max_tokens
+
+    port, _ = chatting_long
+    request = {"messages": [{"role": "user", "content": "x" * (65 - template)}], "max_tokens": 3, "stream": stream}
+    status, data, _ = _post(port, request, path="/v1/chat/completions")
+    error = json.loads(data)["error"]
+    assert status == 400 and error["code"] == "context_length_exceeded", error
+    limits = "this server takes at most 64 (max_prompt_tokens; this model's maximum context length is 32 tokens)"
+    assert error["message"] == f"your messages resulted in 65 tokens; {limits}: drop older messages", error
 
 
 def test_half_a_surrogate_pair_in_the_json_is_400_not_a_crash(chatting):
