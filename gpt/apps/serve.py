@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -116,11 +117,32 @@ def serve(s: ServeConfig) -> None:
         file=sys.stderr,
         flush=True,
     )
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         uvicorn.run(app, host=s.host, port=s.port, log_level="warning", access_log=False)
+    except _Terminated:
+        print("stopped (SIGTERM): requests in flight were answered first", file=sys.stderr, flush=True)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for m in served:
             m.engine.close()
+
+
+class _Terminated(Exception):
+    """SIGTERM asked the server to stop, and it has (see _stop_on_sigterm)."""
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    """The SIGTERM handler around uvicorn.run. uvicorn catches SIGTERM itself and shuts down
+    gracefully (requests in flight are answered), then restores the handler it found and raises
+    the signal again, so that the process ends as the signal's default would: killed by SIGTERM,
+    status 143, which systemd, docker and Kubernetes read as a failed service. Found instead, this
+    handler ends `serve` normally, exit 0 (also when the signal comes before uvicorn has taken it
+    over: nothing is being answered yet, stopping is as clean). SIGINT is left as it is: the
+    handler uvicorn finds and raises it to is asyncio's runner's, and a Ctrl-C that shut down
+    cleanly already exits 0 (tested beside SIGTERM). A SIGTERM while the models load is not
+    caught: its 143 says the server never served."""
+    raise _Terminated
 
 
 def _is_loopback(host: str) -> bool:

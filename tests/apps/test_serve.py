@@ -1,7 +1,8 @@
 """gpt/apps/serve.py + gpt/serve/app.py: `python serve.py` started as a user starts it, on a free
 127.0.0.1 port, called with the official openai client and plain HTTP: completions equal to
 sample.py's, streaming and not; bad requests answered with OpenAI-shaped errors while the server
-keeps serving; concurrent streams; a full queue; a client that disconnects frees its slot.
+keeps serving; concurrent streams; a full queue; a client that disconnects frees its slot; a
+SIGTERM or Ctrl-C answers the stream in flight and exits 0.
 Run: pytest tests/apps/test_serve.py"""
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -20,7 +24,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from helpers import Server, assert_one_line_error, chromium, free_port, relaid, run_script  # noqa: E402
+from helpers import REPO, Server, assert_one_line_error, chromium, free_port, relaid, run_script  # noqa: E402
 
 KEY = "test-key"
 
@@ -430,3 +434,52 @@ def test_a_recurrent_model_is_refused_in_one_line(tmp_path, data_root):
     )
     refused = run_script("serve.py", [f"ckpt={path}", f"port={free_port()}"], tmp_path, data_root[0])
     assert_one_line_error(refused, "recurrent model", "tinygpt sample")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_clean_stop_answers_the_request_in_flight_and_exits_0(trained_run, data_root, sig):
+    """What systemd, docker and Kubernetes send to stop a service, SIGTERM, ends `tinygpt serve`
+    with status 0 once the stream in flight is answered, saying so once (uvicorn raised the signal
+    again after its graceful shutdown: killed by it, status 143, a failed service); a Ctrl-C
+    (SIGINT, as a terminal sends it) stops as cleanly, status 0, nothing said."""
+    cwd, run_dir, _ = trained_run
+    port = free_port()
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(data_root[0]), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "serve.py"), f"run_dir={run_dir}", f"port={port}", "threads=1"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # A terminal's Ctrl-C reaches a process whose SIGINT is not ignored, which a test's parent
+        # (a background job) may have left it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None and time.time() < deadline, "the server did not start"
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                body = {"prompt": "ROMEO:", "max_tokens": 300, "temperature": 0, "stream": True}
+                conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert response.status == 200 and response.readline().startswith(b"data: {")
+        proc.send_signal(sig)
+        rest = response.read().decode()
+        conn.close()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    chunks = [json.loads(line[6:]) for line in rest.splitlines() if line.startswith("data: {")]
+    assert rest.rstrip().endswith("data: [DONE]") and chunks[-1]["choices"][0]["finish_reason"] == "length", rest[-500:]
+    assert proc.returncode == 0, out
+    said = "stopped (SIGTERM): requests in flight were answered first"
+    assert out.count(said) == (1 if sig == signal.SIGTERM else 0), out
+    assert "Traceback" not in out and "interrupted" not in out, out
