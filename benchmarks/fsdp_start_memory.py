@@ -16,7 +16,12 @@ Shakespeare (its own 49,152-token vocabulary has no tokenizer here): 315M parame
    mark of its whole resident memory (VmHWM, file pages included). `--repo` runs another
    checkout's train.py (an older commit, for the comparison).
 
-    python benchmarks/fsdp_start_memory.py [--repo PATH] [--data PATH/TO/input.txt]
+3. With `--new-run`, a new run of that shape from scratch instead (the preset smollm2-135m made
+   SmolLM2-360M's shape, over the text's bytes: 316M parameters, 1.18 GiB in fp32), whose
+   initial weights rank 0 built whole before sharding until 2026-12-05 and every process now
+   draws its own shards of (gpt.training.sharding.fill_initial); parts 1 and 2 are skipped.
+
+    python benchmarks/fsdp_start_memory.py [--repo PATH] [--data PATH/TO/input.txt] [--new-run]
 """
 
 from __future__ import annotations
@@ -88,13 +93,25 @@ def _workers(launcher: int) -> dict[int, int]:
     return found
 
 
-def sharded_start(repo: Path, folder: Path, corpus: Path, out: Path) -> list[list[int]]:
+# SmolLM2-360M's shape from the 135M preset, for a new run (--new-run)
+NEW_RUN = [
+    "model=smollm2-135m", "model.n_layer=32", "model.n_embd=960", "model.n_head=15", "model.n_kv_head=5",
+    "model.mlp_hidden=2560", "model.block_size=32", "data.tokenizer.kind=byte",
+]  # fmt: skip
+
+
+def sharded_start(repo: Path, folder: Path | None, corpus: Path, out: Path) -> list[list[int]]:
     """[peak private bytes over the start, over the run, VmHWM bytes] of each rank over a one-step
-    FSDP2 finetune from `folder`."""
+    FSDP2 finetune from `folder`, or a new run of NEW_RUN's shape where `folder` is None."""
+    start = (
+        [f"init_from={folder}", "data.tokenizer.kind=hf", f"data.tokenizer.name={folder}", "finetune.block_size=32"]
+        if folder is not None
+        else NEW_RUN
+    )
     args = [
-        f"init_from={folder}", "data=local", f"data.source.path={corpus}", "data.name=start_memory", "data.split_by=tail",
-        "data.tokenizer.kind=hf", f"data.tokenizer.name={folder}", "optim=adamw", "dtype=float32", "device=cpu",
-        "threads=1", "train.batch_size=1", "finetune.block_size=32", "train.max_iters=1", "train.eval_interval=1",
+        *start, "data=local", f"data.source.path={corpus}", "data.name=start_memory", "data.split_by=tail",
+        "optim=adamw", "dtype=float32", "device=cpu",
+        "threads=1", "train.batch_size=1", "train.max_iters=1", "train.eval_interval=1",
         "train.eval_iters=1", "train.sample_tokens=0", "train.eval_sample_tokens=0", "train.log_interval=1", "distributed=fsdp",
         f"hydra.run.dir={out}", f"paths.data_dir={out.parent / 'data'}",
     ]  # fmt: skip
@@ -124,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=str(REPO), help="the checkout whose train.py runs part 2")
     parser.add_argument("--data", default=None, help="Tiny Shakespeare's input.txt (default: $TINYGPT_DATA_DIR's)")
+    parser.add_argument("--new-run", action="store_true", help="part 3: a new run of the shape, no folder")
     a = parser.parse_args()
     data = Path(a.data or Path(os.environ.get("TINYGPT_DATA_DIR", "data")) / "tinyshakespeare" / "input.txt")
     text = data.read_text()[:200_000]
@@ -131,6 +149,9 @@ def main() -> None:
         tmp = Path(tmp)
         corpus = tmp / "corpus.txt"
         corpus.write_text(text)
+        if a.new_run:
+            _print_peaks("one-step FSDP2 new run of the shape", a.repo, sharded_start(Path(a.repo), None, corpus, tmp / "run"))
+            return
         folder = make_folder(tmp, text)
         size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         print(f"folder: {size / GIB:.2f} GiB of bf16 weights")
@@ -142,12 +163,17 @@ def main() -> None:
                 raise SystemExit(out.stderr[-3000:])
             grown, seconds, params = out.stdout.split()
             print(f"| {how} | {int(grown) / GIB:.2f} GiB | {float(seconds):.1f} s | {int(params):,} |", flush=True)
-        peaks = sharded_start(Path(a.repo), folder, corpus, tmp / "run")
-        print(f"\none-step FSDP2 finetune from the folder, 2 processes ({a.repo}):")
-        print("| rank | peak private memory, start | peak private memory, run | peak resident (VmHWM) |")
-        print("| --- | ---: | ---: | ---: |")
-        for rank, (start, run, hwm) in enumerate(peaks):
-            print(f"| {rank} | {start / GIB:.2f} GiB | {run / GIB:.2f} GiB | {hwm / GIB:.2f} GiB |")
+        _print_peaks(
+            "\none-step FSDP2 finetune from the folder", a.repo, sharded_start(Path(a.repo), folder, corpus, tmp / "run")
+        )
+
+
+def _print_peaks(title: str, repo: str, peaks: list[list[int]]) -> None:
+    print(f"{title}, 2 processes ({repo}):")
+    print("| rank | peak private memory, start | peak private memory, run | peak resident (VmHWM) |")
+    print("| --- | ---: | ---: | ---: |")
+    for rank, (start, run, hwm) in enumerate(peaks):
+        print(f"| {rank} | {start / GIB:.2f} GiB | {run / GIB:.2f} GiB | {hwm / GIB:.2f} GiB |")
 
 
 if __name__ == "__main__":

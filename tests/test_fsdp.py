@@ -201,6 +201,103 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+def _draw_sharded(rank: int, world: int, store: str, out: str) -> None:
+    """One of `world` gloo processes, seeded apart as training seeds them: each GPT shape built on
+    the meta device with its fills recorded, sharded, and given its initial values by fill_initial
+    from rank 0's generator state; each writes whether its shards equal the rows of the same model
+    built whole from that state, and whether its generator state afterwards is the one it should
+    be (rank 0's: where a whole build leaves it; the others': their own)."""
+    import json
+
+    import torch.distributed as dist
+
+    from gpt.model import GPT, GPTConfig, meta
+    from gpt.runtime import devices
+    from gpt.training import sharding
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        shapes = {  # 65 rows: uneven pieces; GPT-2's block (biases, LayerNorm, a tied head) and Llama's
+            "gpt2": GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32),
+            "llama": GPTConfig(
+                vocab_size=65, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, norm="rmsnorm", mlp="swiglu",
+                pos_encoding="rope", bias=False, tie_embeddings=False, qk_norm=True,
+            ),
+        }  # fmt: skip
+        result = {}
+        for name, config in shapes.items():
+            torch.manual_seed(1000 + rank)  # per-rank seeds, as training's
+            rng = torch.get_rng_state()
+            rank0_rng = [rng if rank == 0 else None]
+            dist.broadcast_object_list(rank0_rng, src=0)
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(rank0_rng[0])
+                whole = GPT(config).state_dict()
+                after_whole_build = torch.get_rng_state()
+            fills = []
+            with meta.building(fills):
+                model = GPT(config)
+            fills = meta.named_fills(model, fills)
+            model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
+            sharding.materialize(model, torch.device("cpu"))
+            sharding.fill_initial(model, fills, rank0_rng[0])
+            equal = all(
+                torch.equal(sharding.local(p), whole[key].chunk(world)[rank])
+                if rank < len(whole[key].chunk(world))
+                else sharding.local(p).numel() == 0
+                for key, p in model.state_dict().items()
+            )
+            state = torch.get_rng_state()
+            result[name] = {"equal": equal, "rng": torch.equal(state, after_whole_build if rank == 0 else rng)}
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_process_draws_its_shards_of_a_new_model_as_one_process_draws_the_whole(tmp_path, world):
+    """A new sharded model's initial weights (gpt.training.sharding.fill_initial: each process
+    replays the build's fills on whole tensors, one at a time, and keeps its rows) are bitwise the
+    rows of the same model built whole by one process, for GPT-2's block and Llama's; rank 0's
+    random generator goes on from where that build leaves it, the others keep their own."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_draw_sharded, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
+    got = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(world)]
+    assert all(g[shape]["equal"] for g in got for shape in g), got
+    assert all(g[shape]["rng"] for g in got for shape in g), got
+
+
+def test_a_parameter_no_fill_gives_a_value_is_refused_not_left_uninitialised(tmp_path):
+    """A parameter that torch.nn.init never filled (a value set another way) has no recorded
+    value: a sharded start refuses in one line instead of training on uninitialised memory."""
+    from torch import nn
+
+    from gpt.errors import TinyGPTError
+    from gpt.model import meta
+    from gpt.training import sharding
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Parameter(torch.ones(4))  # not torch.nn.init's: recorded nowhere
+
+    fills = []
+    with meta.building(fills):
+        model = Two()
+    fills = meta.named_fills(model, fills)
+    model.to_empty(device="cpu")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(TinyGPTError, match="^b: no initial value recorded for a sharded start"):
+            sharding.fill_initial(model, fills, torch.get_rng_state())
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_load_from_rank_0_sends_each_process_its_rows_only(tmp_path, world):
     """load_from_rank_0 puts torch.chunk's piece r of every whole tensor into rank r's shard (65
@@ -233,8 +330,8 @@ def test_load_from_rank_0_sends_each_process_its_rows_only(tmp_path, world):
     ids=["gpt2-block-adamw", "gpt2-block-muon", "llama-adamw", "llama-muon-accumulating", "llama-muon-compiled-recomputing"],
 )
 def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim, extra, tolerance):
-    """20 steps, the same global batch: losses and evals within 1e-5 of one process, with the
-    sample training shows at every eval and at the end computed by both ranks in lockstep; the
+    """20 steps, the same global batch, each process drawing its own shards of the initial weights:
+    losses and evals within 1e-5 of one process, with the sample training shows at every eval and at the end computed by both ranks in lockstep; the
     checkpoint holds whole tensors (the same weights as one process's)."""
     root, data = data_root
     args = [
@@ -261,6 +358,7 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
         assert two.stderr.count("Recompiling function") <= 2, two.stderr[-3000:]
     accum = 2 if "train.grad_accum_steps=2" in extra else 1
     assert "FSDP2 over 2 processes" in two.stdout and f"global batch of {128 * accum}" in two.stdout
+    assert "each process drew only its shards of the initial weights" in two.stdout  # no whole model on rank 0
     assert "sample at step 20" in two.stdout and two.stdout.count("sample at step 20") == 1  # rank 0 shows it
     assert len(_metrics(tmp_path / "one", "train")) == 20
     assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= tolerance

@@ -20,7 +20,8 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.empty(dim))
+        nn.init.ones_(self.weight)  # (a fill torch.nn.init makes: gpt.model.meta records it for sharded starts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's fused kernel, not the formula spelled out: bitwise the same in float32, and its

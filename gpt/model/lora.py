@@ -19,8 +19,9 @@ class LoRALinear(nn.Module):
         self.base = base
         self.scale = alpha / rank
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))  # starts as a no-op
+        self.lora_B = nn.Parameter(torch.empty(base.out_features, rank, device=base.weight.device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B)  # starts as a no-op (torch.nn.init's fill: see gpt.model.meta.named_fills)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,22 +18,46 @@ class _NoFills(TorchFunctionMode):
     """torch.nn.init's fills of a meta tensor skipped: they give it no values anyway and draw no
     random numbers, but torch runs a meta tensor's normal_ through its Python reference, whose
     first call imports torch._dynamo (0.3 s of every sample, eval, serve and export start, which
-    build the model on the meta device before taking the checkpoint's weights)."""
+    build the model on the meta device before taking the checkpoint's weights). With `fills`, each
+    skipped fill is recorded there in order (its function, its tensor, its arguments): what a build
+    with memory would have done, to be replayed later (`named_fills`)."""
+
+    def __init__(self, fills: list | None = None):
+        super().__init__()
+        self.fills = fills
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__module__", None) == "torch.nn.init":
+        # torch.nn.init's random fills reach a mode as themselves; its constant ones (ones_,
+        # zeros_, constant_) as the tensor's own fill_ or zero_ (other in-place methods, such as
+        # requires_grad_, are no fills and run)
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in (torch.Tensor.fill_, torch.Tensor.zero_):
             target = args[0] if args else kwargs.get("tensor")
             if isinstance(target, torch.Tensor) and target.is_meta:
+                if self.fills is not None:
+                    rest = {k: v for k, v in kwargs.items() if k != "tensor"}
+                    self.fills.append((func, target, tuple(args[1:]), rest))
                 return target
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def building():
-    """Modules built inside have shapes only: torch.device("meta"), their initialisation skipped."""
-    with torch.device("meta"), _NoFills():
+def building(fills: list | None = None):
+    """Modules built inside have shapes only: torch.device("meta"), their initialisation skipped
+    (and recorded into `fills` when given: see `named_fills`)."""
+    with torch.device("meta"), _NoFills(fills):
         yield
+
+
+def named_fills(model: nn.Module, fills: list) -> list[tuple]:
+    """The initialisation recorded while `model` was built (`building(fills)`) as
+    [(parameter name or None, fill, shape, dtype, args, kwargs), ...] in the order it ran, which is
+    the order a build with memory draws its random numbers in: replayed on whole tensors with the
+    same generator state, it gives the same values. None names a tensor the model no longer holds
+    (an LM head's own weight, drawn before the head was tied to the embedding): its draws still
+    count. Every parameter must be filled by torch.nn.init, or it has no recorded value."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [(names.get(id(t)), func, t.shape, t.dtype, args, kwargs) for func, t, args, kwargs in fills]
 
 
 def _places(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

@@ -12,6 +12,7 @@ settings of the `Run` it returns.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -27,7 +28,6 @@ from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.checkpoints.resume import ResumePoint, resume_point
 from gpt.config import RunConfig, changed_settings
 from gpt.config.model import GPTConfig, as_given, ignored_settings
-from gpt.config.overrides import model_settings_given
 from gpt.data import Dataset, load_data
 from gpt.data.shards import SIZES
 from gpt.errors import TinyGPTError
@@ -39,7 +39,7 @@ from gpt.training import sharding
 from gpt.training.finetune import APPLY_TO_A_BASE, initial_model, prepare_finetune, resumed_finetune
 from gpt.training.optim import build_optimizer
 from gpt.training.schedule import CosineSchedule
-from gpt.training.start import Claim, hydra_overrides, preflight
+from gpt.training.start import Claim, model_settings_at, preflight
 from gpt.training.state import Progress, Run, quiet
 
 
@@ -78,12 +78,15 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     if resumed is not None and not cfg.init_from and (resumed.config or {}).get("init_from"):
         # a finetune resumed by its folder alone stays one (its data takes its model's tokenizer)
         cfg = replace(cfg, init_from=resumed.config["init_from"])
-    # Under FSDP2 only rank 0 holds a new run's whole model (the others build shapes on the meta
-    # device and receive their shards); resuming a sharded checkpoint, each reads its own shards.
-    from_rank_0 = sharded and resumed is None
+    # Under FSDP2 every process builds shapes on the meta device: a new model's processes each draw
+    # their shards of its initial weights (`fresh`), a resumed one's read theirs; a finetune's base
+    # is rank 0's, whose weights the others receive.
+    new_shards = sharded and resumed is None
+    fresh, from_rank_0 = new_shards and not cfg.init_from, new_shards and bool(cfg.init_from)
     reads_shards = sharded and resumed is not None and resumed.shards is not None
-    on_meta = reads_shards or (from_rank_0 and not dist.is_main)
-    building = meta.building if on_meta else contextlib.nullcontext
+    on_meta = reads_shards or fresh or (from_rank_0 and not dist.is_main)
+    fills = [] if fresh else None  # the fills a build with memory would make, replayed after sharding
+    building = functools.partial(meta.building, fills) if on_meta else contextlib.nullcontext
     # The weights a new finetune starts from, loaded once: conversations are tokenized with their
     # tokenizer (a resumed finetune's checkpoint has it). Under FSDP2 rank 0 alone loads them, and
     # mapped: its model holds the file's pages, read as each tensor is sent (load_from_rank_0).
@@ -92,7 +95,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     base_tokenizer = (
         (resumed.tokenizer if resumed is not None else getattr(base, "tokenizer_spec", None)) if cfg.init_from else None
     )
-    if from_rank_0 and cfg.init_from:  # rank 0 may be downloading it: the others wait patiently
+    if from_rank_0:  # rank 0 may be downloading it: the others wait patiently
         distributed.barrier(dist, patient=True)
         base_tokenizer = distributed.broadcast(base_tokenizer, dist)
     data = _load_data(cfg, dist, log, base_tokenizer)
@@ -103,9 +106,10 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         for notice in (kept, rt.threads.adopt(state.threads) if len(state.rng) == dist.world_size else None):
             if notice:
                 log(notice)
+    rng = distributed.broadcast(torch.get_rng_state() if dist.is_main else None, dist) if fresh else None  # rank 0's
     with building():
         if not (from_rank_0 and not dist.is_main):
-            model, model_config = _model(cfg, data, resumed, log, base, _given(out_dir))
+            model, model_config = _model(cfg, data, resumed, log, base, model_settings_at(out_dir))
         if from_rank_0:  # rank 0's shapes (a finetune's base may have grown or been cropped), after it built them
             distributed.barrier(dist, patient=True)
             shape = distributed.broadcast(registry.config_to_dict(model_config) if dist.is_main else None, dist)
@@ -120,7 +124,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     cfg = replace(cfg, finetune=resumed_finetune(cfg.finetune, resumed, log))
     with building():  # LoRA's adapters, on the meta device too
         lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
-    whole = None
+    whole, fills = None, meta.named_fills(model, fills) if fresh else None
     if from_rank_0:  # rank 0's weights (LoRA's new adapters too), kept on the CPU; its model becomes shapes
         whole = model.state_dict() if dist.is_main else {}
         meta.to_meta(model)
@@ -134,6 +138,10 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         sharding.materialize(model, rt.device, cfg.cpu_offload)
         sharding.load_from_rank_0(model, whole, rt.device)
         del whole
+    elif fresh:
+        sharding.materialize(model, rt.device, cfg.cpu_offload)
+        sharding.fill_initial(model, fills, rng)
+        log("built on the meta device: each process drew only its shards of the initial weights")
     elif reads_shards:
         sharding.materialize(model, rt.device, cfg.cpu_offload)
         log(f"built on the meta device: each process holds only its shards, read from {source.name}")
@@ -310,14 +318,6 @@ def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log
     if ignored:
         log(f"notice: resuming with the checkpoint's model settings; ignoring {', '.join(ignored)}")
     return saved
-
-
-def _given(out_dir: Path) -> set[str] | None:
-    """The model settings this start's command line gave (Hydra's record of it, written into the
-    run directory before the run is built); None for a run built in Python, whose settings
-    object is all it was given."""
-    given = hydra_overrides(out_dir)
-    return model_settings_given(given) if given is not None else None
 
 
 def _load_weights(ckpt: Checkpoint, path: Path, model: nn.Module) -> None:

@@ -207,14 +207,51 @@ def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         # Every process holds the whole tensor already: each slices its own part where the tensor
         # lies and moves only that to the shard's device. (distribute_tensor would first move the
         # whole tensor to the mesh's device: the GPU, even where cpu_offload keeps the shards in host memory.)
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        sizes, offsets = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-        part = value
-        for dim, (size, offset) in enumerate(zip(sizes, offsets)):
-            part = part.narrow(dim, offset, size)
+        part = _own_part(value, param)
         own = torch.empty(part.shape, dtype=part.dtype, device=param.to_local().device).copy_(part)
         return DTensor.from_local(own, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
     if isinstance(value, DTensor) and value.placements == getattr(param, "placements", None):
         return value  # read from a sharded checkpoint into a fresh tensor cut like `param` (load_targets): its own already
     return value.clone()
+
+
+def _own_part(whole: torch.Tensor, param: DTensor) -> torch.Tensor:
+    """The view of `whole` (the shape of `param`) that is this process's shard of `param`."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    sizes, offsets = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    for dim, (size, offset) in enumerate(zip(sizes, offsets)):
+        whole = whole.narrow(dim, offset, size)
+    return whole
+
+
+def fill_initial(model: nn.Module, fills: list[tuple], rng_state: torch.Tensor) -> None:
+    """A new model built on the meta device, sharded and materialized, given the initial weights
+    one process would have drawn, with no process holding more than one whole tensor: every
+    process replays the build's torch.nn.init fills (`fills`: gpt.model.meta.named_fills) in their
+    order on whole tensors in host memory, from rank 0's random generator state before its build
+    (`rng_state`), and keeps its own part of each. The same random numbers as a build with memory
+    (a sharded run starts where one process starts; tests/test_fsdp.py compares their losses),
+    without rank 0 building the whole model first. Every process but rank 0 then takes its own
+    generator state back (ranks are seeded apart, for dropout); rank 0's goes on from the build's.
+
+    What torch lacked: DTensor's random fills draw from an offset-based generator of their own,
+    so a sharded model initialised in place gets other values than the same model built whole."""
+    own_state = torch.get_rng_state()
+    torch.set_rng_state(rng_state)
+    params = dict(model.named_parameters())
+    filled = set()
+    with torch.no_grad():
+        for name, fill, shape, dtype, args, kwargs in fills:
+            whole = torch.empty(shape, dtype=dtype)
+            fill(whole, *args, **kwargs)
+            if name is None:  # drawn for the generator's sake only (see named_fills)
+                continue
+            target = params[name]
+            local(target).copy_(_own_part(whole, target) if isinstance(target, DTensor) else whole)
+            filled.add(name)
+    if torch.distributed.get_rank() != 0:
+        torch.set_rng_state(own_state)
+    unfilled = sorted(set(params) - filled)
+    if unfilled:  # a parameter given its values some other way than torch.nn.init: never train on garbage
+        raise TinyGPTError(f"{', '.join(unfilled)}: no initial value recorded for a sharded start; report this")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpt.checkpoints.resume import ResumePoint, parse_resume, resume_point
 from gpt.config import RunConfig
+from gpt.config.overrides import model_settings_given
 from gpt.errors import RunRefused, TinyGPTError
 from gpt.runtime.runlock import RunLock
 
@@ -176,6 +177,14 @@ def hydra_overrides(run_dir: Path) -> list[str] | None:
         return [str(o) for o in yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text()) or []]
     except (OSError, yaml.YAMLError, TypeError):
         return None
+
+
+def model_settings_at(run_dir: Path) -> set[str] | None:
+    """The model settings a run's last start gave on its command line (Hydra's record, written
+    into the run directory before the run is built); None for a run built in Python, whose
+    settings object is all it was given."""
+    given = hydra_overrides(run_dir)
+    return model_settings_given(given) if given is not None else None
 
 
 def _check_tokenizer_kind(resumed, source: Path, settings: RunConfig) -> None:
