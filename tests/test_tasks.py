@@ -244,7 +244,7 @@ def test_malformed_json_items_are_our_one_line_error_alone(tmp_path, capfd):
     says the same, so that line is kept out of what the user sees."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ARC_HUB[0]) + "\n{not json\n")
-    with pytest.raises(TinyGPTError, match="cannot read .*bad.jsonl as json files: JSON parse error"):
+    with pytest.raises(TinyGPTError, match="cannot read .*bad.jsonl line 2: not JSON"):
         examples(TaskSettings("arc_easy", path=str(bad)), tmp_path)
     out, err = capfd.readouterr()
     assert "Failed to load JSON" not in out + err, err

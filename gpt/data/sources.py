@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -241,7 +242,7 @@ def _local(src: SourceSettings, files: list[Path], cache: Path) -> tuple[Iterato
 
         total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
     field = "text" if builder == "text" else src.text_field
-    return _read_local(_texts(ds, field, str(src.path)), src, builder), total
+    return _read_local(_texts(ds, field, str(src.path)), src, builder, files), total
 
 
 def _local_dataset(src: SourceSettings, files: list[Path], cache: Path):
@@ -264,24 +265,45 @@ def _local_dataset(src: SourceSettings, files: list[Path], cache: Path):
             builder, data_files=[str(p) for p in files], split="train", streaming=True, cache_dir=str(cache), **kwargs
         )
     except Exception as e:  # datasets wraps parse errors of malformed files in its own types
-        raise _unreadable(src, builder, e) from None
+        raise _unreadable(src, builder, e, files) from None
     return ds, builder
 
 
-def _read_local(items: Iterator, src: SourceSettings, builder: str) -> Iterator:
+def _read_local(items: Iterator, src: SourceSettings, builder: str, files: list[Path]) -> Iterator:
     """Streamed files are parsed as they are read: a malformed line shows up here, not at load."""
     try:
         yield from items
     except TinyGPTError:
         raise
     except Exception as e:
-        raise _unreadable(src, builder, e) from None
+        raise _unreadable(src, builder, e, files) from None
 
 
-def _unreadable(src: SourceSettings, builder: str, e: Exception) -> TinyGPTError:
+def _unreadable(src: SourceSettings, builder: str, e: Exception, files: list[Path]) -> TinyGPTError:
+    bad = _first_bad_line(files) if builder == "json" else None
+    if bad:
+        return TinyGPTError(f"cannot read {bad}; fix or remove that line")
     cause = e.__cause__ or e  # datasets wraps parse errors of malformed files in its own types
     detail = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
     return TinyGPTError(f"cannot read {src.path} as {builder} files: {detail}")
+
+
+def _first_bad_line(files: list[Path]) -> str | None:
+    """'<file> line <n> is not a JSON object (...)' for the first such line of the .jsonl files
+    (read in the order datasets read them), or None. Found here, after datasets failed, because
+    its json builder parses ~10 MB blocks with pyarrow, whose error counts rows from 0 within the
+    block and names neither the file nor the line; and only then: it reads the files again."""
+    for path in (p for p in files if p.suffix == ".jsonl"):
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    if (line := line.strip()) and not isinstance(json.loads(line), dict):
+                        return f"{path} line {number}: not a JSON object ({line[:40].decode(errors='replace')!r})"
+                except UnicodeDecodeError:
+                    return f"{path} line {number}: not UTF-8 text"
+                except json.JSONDecodeError as e:
+                    return f"{path} line {number}: not JSON ({e.msg}: column {e.colno})"
+    return None
 
 
 def records(src: SourceSettings, data_root: Path, log=print) -> Iterator[dict]:
@@ -296,8 +318,6 @@ def first_record(src: SourceSettings, data_root: Path) -> dict | None:
     """The first record of local .jsonl/.json/.parquet files or of a save_to_disk folder, read
     without the datasets library's builders (one line, one row); None for other sources, text
     files, or nothing readable (the full read reports that properly)."""
-    import json
-
     try:
         if src.kind == "local":
             files = local_files(str(src.path))
@@ -331,7 +351,7 @@ def _local_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
     if all(p.stat().st_size == 0 for p in files):  # no records (the json builder would fail on them)
         return iter(())
     ds, builder = _local_dataset(src, files, data_root / ".datasets-cache")
-    return _read_local(iter(ds), src, builder)
+    return _read_local(iter(ds), src, builder, files)
 
 
 def _url_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
@@ -342,8 +362,6 @@ def _url_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
 
 
 def _jsonl(path: Path) -> Iterator[dict]:
-    import json
-
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.strip():

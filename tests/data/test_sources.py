@@ -126,3 +126,25 @@ def test_the_progress_bar_knows_the_number_of_documents_where_the_source_can_tel
     assert source.documents.total == total
     bar = capsys.readouterr().err
     assert ("12/12" in bar and "100%" in bar) if total else ("12 docs" in bar and "%" not in bar), bar
+
+
+def test_a_malformed_jsonl_line_is_named_by_its_file_and_line(tmp_path):
+    """`tinygpt prepare` on a folder whose second .jsonl file has a bad line 31: the one-line error
+    names that file and line (datasets' said 'in row 30' of the folder, counted from 0 in its
+    block), and a line that is JSON but not a record is named as well."""
+    import json
+
+    from helpers import assert_one_line_error, run_script
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 4))
+    lines = [json.dumps({"text": f"record {i}"}) for i in range(30)] + ['{"text": "no closing quote}', '{"text": "x"}']
+    (folder / "b.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["data=local", f"data.source.path={folder}", "data.name=records", "data.tokenizer.kind=byte"]
+    proc = run_script("prepare", args, tmp_path, tmp_path / "root")
+    assert_one_line_error(proc, f"cannot read {folder / 'b.jsonl'} line 31: not JSON (Unterminated string", "fix or remove")
+    lines[30] = "[1, 2]"
+    (folder / "b.jsonl").write_text("\n".join(lines) + "\n")
+    proc = run_script("prepare", args, tmp_path, tmp_path / "root")
+    assert_one_line_error(proc, f"cannot read {folder / 'b.jsonl'} line 31: not a JSON object ('[1, 2]')")
