@@ -156,12 +156,22 @@ def replacing(out_dir: Path, expected_fingerprint: str, settings: dict, replace:
     changes = what_differs(before, settings)
     if not replace:
         raise PreparedOtherwise(f"{out_dir} holds data prepared with other settings than these ({changes})")
-    moved = before.get("identity") != settings.get("identity") and settings.get("split_by") != "tail"
-    moved = moved and not _same_files(str(before.get("identity")), str(settings.get("identity")))  # a folder moved: as it was
+    identity = str(before.get("identity")), str(settings.get("identity"))
     return changes, (
         f"notice: {out_dir} holds data prepared with other settings ({changes}); preparing it again, in its place"
-        + ("; documents may move between train and val (a resumed run may validate on some it trained on)" if moved else "")
+        + (_split_moves(identity[1], settings) if identity[0] != identity[1] and not _same_files(*identity) else "")
     )
+
+
+def _split_moves(identity: str, settings: dict) -> str:
+    """How a changed corpus changes what validates (nothing, for a folder moved with its files as
+    they were): documents drawn into train and val again, or the cut in the one token stream of a
+    tail split (one document: gpt.data.prepare splits it so whatever data.split_by says)."""
+    if settings.get("split_by") != "tail" and not _one_document(identity):
+        return "; documents may move between train and val (a resumed run may validate on some it trained on)"
+    one = "one document, split by its tail" if settings.get("split_by") != "tail" else "split by the tail"
+    cut = f"the cut before the last {float(settings.get('val_fraction') or 0.1):.0%} (val) may move in the text"
+    return f"; {one}: {cut} (a resumed run may validate on text it trained on)"
 
 
 def changes_of(old: dict, new: dict) -> list[str]:
@@ -215,6 +225,14 @@ def _source_change(there: str, here: str) -> str:
 def _same_files(there: str, here: str) -> bool:
     a, b = _local_files(there), _local_files(here)
     return a is not None and b is not None and _relative(a)[1] == _relative(b)[1]
+
+
+def _one_document(identity: str) -> bool:
+    """Whether a source of this identity is one document, split by its tail whatever data.split_by
+    says (gpt.data.prepare): a download, or one local text file read whole."""
+    files = list(_local_files(identity) or ())
+    whole = identity.startswith("local file ") and len(files) == 1 and Path(files[0]).suffix in (".txt", ".md")
+    return identity.startswith("url ") or whole
 
 
 def _relative(files: dict) -> tuple[str, dict]:

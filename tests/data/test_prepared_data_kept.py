@@ -13,7 +13,7 @@ import pytest
 from gpt.data import load_data
 from gpt.data.shards import PreparedOtherwise
 from gpt.errors import TinyGPTError
-from helpers import data_settings, load, write_corpus
+from helpers import TEXT, data_settings, load, write_corpus
 
 
 def _local(name: str, path, kind: str = "byte", **kw):
@@ -70,3 +70,24 @@ def test_a_reader_refuses_to_prepare_over_data_of_other_settings(tmp_path):
     assert load(_local("notes", corpus, kind="char"), root).meta == meta  # untouched
     # nothing prepared there yet: a reader prepares it
     assert load_data(_local("fresh", corpus), root, log=lambda *a: None, replace=False).meta["tokenizer"]["kind"] == "byte"
+
+
+def test_a_changed_one_document_corpus_says_its_cut_may_move_not_its_documents(tmp_path):
+    """One document is split by its tail whatever data.split_by says: its notice speaks of the cut
+    before the val tail, not of documents moving between train and val (there is one)."""
+    one, root = tmp_path / "one.txt", tmp_path / "root"
+    one.write_text(TEXT)
+    load(_local("one", one), root)
+    one.write_text(TEXT + "An epilogue, added since.\n")
+    said = []
+    load_data(_local("one", one), root, log=said.append)
+    notice = [m for m in said if m.startswith("notice:")]
+    assert len(notice) == 1 and "1 changed (one.txt)" in notice[0], said
+    assert "documents may move" not in notice[0]
+    assert "one document, split by its tail: the cut before the last 25% (val) may move in the text" in notice[0]
+    corpus = write_corpus(tmp_path / "corpus", "txt")  # many documents split by the tail: the same cut
+    load(_local("notes", corpus, split_by="tail"), root)
+    (corpus / "zz-new.txt").write_text("A document added since the data was prepared.")
+    said.clear()
+    load_data(_local("notes", corpus, split_by="tail"), root, log=said.append)
+    assert any("; split by the tail: the cut before the last 25% (val) may move" in m for m in said), said
