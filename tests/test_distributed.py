@@ -555,3 +555,26 @@ def test_a_sweep_under_torchrun_has_one_folder_and_one_leaderboard(tmp_path, dat
     assert board.count("| finished |") == 2 and "no summary" not in board
     assert done.stdout.count("leaderboard: ") == 1
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("tinygpt-sweep")]
+
+
+def test_slurm_jobs_start_their_tasks_with_kill_on_bad_exit(tmp_path):
+    """hydra/launcher=slurm's job script exports SLURM_KILL_BAD_EXIT=1 before its srun (srun's
+    --kill-on-bad-exit, read from the environment), so a task killed outright (kill -9, the OOM
+    killer), which can tell no one (gpt.runtime.alarm), still ends its peers instead of leaving them
+    in NCCL's next collective until its timeout. The script is the one submitit writes from the
+    composed launcher settings."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: pip install -e '.[slurm]'")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from gpt.apps.common import config_dir
+    from gpt.config import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    script = _make_sbatch_string(command="python -u job.py", folder=tmp_path, setup=list(cfg.hydra.launcher.setup))
+    lines = [line.strip() for line in script.splitlines()]
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert "export SLURM_KILL_BAD_EXIT=1" in lines[:srun], script
