@@ -85,6 +85,11 @@ def _split_tokens(s: EvalConfig, loaded):
             raise TinyGPTError(f"{loaded.source} carries no data settings; pass text_file=<file> or data=<name>")
         if ignored:
             print(f"notice: {loaded.source} records {', '.join(ignored)}, unknown to this tinygpt: ignored", file=sys.stderr)
+
+    def same(tokenizer: dict) -> None:  # checked before any work: data the model cannot read is not prepared
+        mismatch = f"data {data_settings.name} uses another tokenizer than the model"
+        require_same(loaded.tokenizer_spec, tokenizer, mismatch, "pick data prepared with the model's")
+
     try:
         # eval reads prepared data: it prepares data that is not there, never over other data
         # a finetune's conversations were tokenized with its model's tokenizer (gpt.training.setup)
@@ -95,15 +100,10 @@ def _split_tokens(s: EvalConfig, loaded):
             log=lambda m: print(m, file=sys.stderr),
             base_tokenizer=loaded.tokenizer_spec if finetuned else None,
             replace=False,
+            check_tokenizer=same,
         )
     except PreparedOtherwise as e:
         raise TinyGPTError(f"{e}; tinygpt eval does not prepare over it: {_prepare_again(s, loaded)}") from None
-    require_same(
-        loaded.tokenizer_spec,
-        data.tokenizer.to_dict(),
-        f"data {data.name} uses another tokenizer than the model",
-        "pick data prepared with the model's",
-    )
     return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"
 
 

@@ -18,6 +18,7 @@ time. Two kinds of data, behind one interface (`Dataset`), so that training neve
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -138,6 +139,7 @@ def load_data(
     verify: str | None = None,
     base_tokenizer: dict | None = None,
     replace: bool = True,
+    check_tokenizer: Callable[[dict], None] | None = None,
 ) -> Dataset:
     """Prepared data for `data` under `data_root`, preparing it first if need be (or again, if a
     shard was damaged since). `verify`: how the shards' checksums are checked (gpt.data.shards'
@@ -145,7 +147,10 @@ def load_data(
     of the tokenizer of the model a run starts from (init_from); conversations are tokenized
     with it (plus the chat template) whatever data.tokenizer says. `replace`: whether prepared
     data of other settings under data.name may be prepared again in its place (with a notice);
-    False refuses it (gpt.data.shards.PreparedOtherwise), for commands that only read data."""
+    False refuses it (gpt.data.shards.PreparedOtherwise), for commands that only read data.
+    `check_tokenizer(tokenizer dict)`: raises to refuse the data's tokenizer (a resumed run's
+    checkpoint, a model to evaluate, has its own), before any preparation is written: a refused
+    command leaves the data prepared under data.name as it was."""
     verify = verify or (FULL if data.verify else STAMP)
     root = Path(data_root).expanduser()
     out_dir = root / data.name
@@ -154,7 +159,7 @@ def load_data(
     except SourceMissing as missing:
         source, chat = _without_source(data, out_dir, missing)
     if chat if chat is not None else is_chat(data, root):
-        return _load_conversations(data, root, source.identity, base_tokenizer, log, replace)
+        return _load_conversations(data, root, source.identity, base_tokenizer, log, replace, check_tokenizer)
     tokenizer_spec = normalize_spec(asdict(data.tokenizer))
     meta = prepare_documents(
         source.documents,
@@ -164,6 +169,7 @@ def load_data(
         log=log,
         verify=verify,
         replace=replace,
+        check=check_tokenizer,
     )
     return Dataset(
         name=data.name,
@@ -211,7 +217,7 @@ def is_chat(data: DataSettings, data_root: Path) -> bool:
 
 
 def _load_conversations(
-    data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log, replace: bool = True
+    data: DataSettings, root: Path, identity: str, base_tokenizer: dict | None, log, replace: bool = True, check=None
 ) -> Conversations:
     from gpt.data.chat import open_chat_split, prepare_conversations
     from gpt.data.sources import records
@@ -223,7 +229,7 @@ def _load_conversations(
         )
     settings = {"identity": identity, "val_fraction": data.val_fraction, "seed": data.seed, "max_docs": data.max_docs}
     out_dir = root / data.name
-    meta = prepare_conversations(_Lazy(lambda: records(data.source, root, log)), spec, out_dir, settings, log, replace)
+    meta = prepare_conversations(_Lazy(lambda: records(data.source, root, log)), spec, out_dir, settings, log, replace, check)
     splits = {split: open_chat_split(out_dir, meta, split) for split in ("train", "val")}
     return Conversations(
         data.name, [splits["train"].tokens], [splits["val"].tokens], tokenizer_of(meta), meta, splits, data.length_buckets

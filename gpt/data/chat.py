@@ -101,11 +101,12 @@ class ChatSplit:
 
 
 def prepare_conversations(
-    records: Iterable, tokenizer_spec: dict, out_dir: Path, settings: dict, log=print, replace: bool = True
+    records: Iterable, tokenizer_spec: dict, out_dir: Path, settings: dict, log=print, replace: bool = True, check=None
 ) -> dict:
     """Prepare the records' conversations into out_dir unless data with the same fingerprint is
     there; returns its meta. settings: identity (of the source), val_fraction, seed, max_docs.
-    Other prepared data there is replaced with a notice, or refused (`replace` False), as text's."""
+    Other prepared data there is replaced with a notice, or refused (`replace` False), and
+    `check(tokenizer dict)` may refuse the tokenizer before anything is written, as text's."""
     spec = without_template(tokenizer_spec)
     template = tokenizer_spec.get("chat") or {"template": TEMPLATE}  # a Hugging Face tokenizer's own, else tinygpt's
     fitted = (spec["kind"] == "char" and "chars" not in spec) or (spec["kind"] == "bpe" and "json_text" not in spec)
@@ -116,17 +117,21 @@ def prepare_conversations(
     fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp)
     if meta is not None:
+        if check:
+            check(meta["tokenizer"])
         return meta
     other = replacing(out_dir, fp, fp_settings, replace)
-    if other:
-        log(other[1])
-    io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     counted = {"skipped": 0}
     conversations = _conversations(records, settings.get("max_docs"), counted)
     if base is None:  # a tokenizer fitted on the conversations needs all their text first
         conversations = list(conversations)
         base = _fit(spec, conversations, log)
     tok = with_template(base, template)
+    if check:  # before anything is written
+        check(tok.to_dict())
+    if other:
+        log(other[1])
+    io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
     dtype = token_dtype(tok.vocab_size)
     # Each conversation as compact arrays (3-5 bytes a token), not lists of Python ints.
     rendered = []

@@ -14,6 +14,7 @@ run prepares again from scratch, deterministically, to the same token stream.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -22,7 +23,7 @@ import sys
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -128,11 +129,14 @@ def prepare(
     progress: bool | None = None,
     verify: str = STAMP,
     replace: bool = True,
+    check: Callable[[dict], None] | None = None,
 ) -> dict:
     """Prepare `documents` into out_dir unless prepared data with the same fingerprint is there
     (intact: `verify` says how its shards' checksums are checked, see read_meta). Prepared data
     of other settings there is replaced, saying what differs; with `replace` False, refused
-    (gpt.data.shards.replacing).
+    (gpt.data.shards.replacing). `check(tokenizer dict)` refuses a tokenizer by raising: called
+    before anything is read or written where the tokenizer is known up front, else once it is
+    fitted (before anything is written), or on the prepared data's.
 
     settings: identity (of the source), val_fraction, split_by (documents | tail), seed,
     num_proc, max_docs, max_tokens, shard_tokens."""
@@ -140,6 +144,8 @@ def prepare(
     fit_bpe = tokenizer_spec["kind"] == "bpe" and "json_text" not in tokenizer_spec
     fitted = fit_chars or fit_bpe
     tok: Tokenizer | None = None if fitted else tokenizer_from_dict(tokenizer_spec)  # fail before touching files
+    if tok is not None and check:  # a tokenizer the caller cannot use costs nothing to refuse
+        check(tok.to_dict())
     # The fingerprint holds what decides the ids (not where a ranks file lives, but its size; a
     # tokenizer fitted here, the settings it is fitted with).
     tok_identity = tokenizer_identity(tokenizer_spec) if fitted else tokenizer_identity(tok.to_dict())
@@ -147,6 +153,8 @@ def prepare(
     fp = fingerprint(fp_settings)
     meta = read_meta(out_dir, fp, verify, log)
     if meta is not None:
+        if check:
+            check(meta["tokenizer"])
         return meta
     other = replacing(out_dir, fp, fp_settings, replace)
 
@@ -164,15 +172,26 @@ def prepare(
             if other
             else f"{e}; {out_dir}, prepared from it, must be prepared again (a shard was damaged): put the source back"
         ) from None
+    if fit_chars:  # the alphabet is fitted on the whole corpus first, in memory: checked before anything is written
+        documents = list(documents)
+        tok = CharTokenizer.fit("".join(documents))
+        if check:
+            check(tok.to_dict())
     if other:
         log(other[1])
+    created = not out_dir.exists()
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
-    if fit_bpe:  # before the old data goes: a BPE that cannot be trained leaves it as it was
-        tok, documents = _train_bpe(documents, tokenizer_spec, log)
+    if fit_bpe:  # before the old data goes: a BPE that cannot be trained, or is refused, leaves it as it was
+        try:
+            tok, documents = _train_bpe(documents, tokenizer_spec, log)
+            if check:
+                check(tok.to_dict())
+        except BaseException:
+            if created:  # nor an empty folder where there was none (rmdir: only while it is empty)
+                with contextlib.suppress(OSError):
+                    out_dir.rmdir()
+            raise
     _invalidate(out_dir)  # from here until the new meta lands, the folder reads as unprepared
-    if fit_chars:
-        documents = list(documents)  # the alphabet is fitted on the whole corpus first
-        tok = CharTokenizer.fit("".join(documents))
     dtype = token_dtype(tok.vocab_size)
     num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
     doc_lengths, shards, sums, seconds = _tokenize_and_shard(

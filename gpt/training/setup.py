@@ -98,7 +98,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     if from_rank_0:  # rank 0 may be downloading it: the others wait patiently
         distributed.barrier(dist, patient=True)
         base_tokenizer = distributed.broadcast(base_tokenizer, dist)
-    data = _load_data(cfg, dist, log, base_tokenizer)
+    data = _load_data(cfg, dist, log, base_tokenizer, resumed)
     tasks = _eval_tasks(cfg, data, dist, sharded, log)
     state = resumed.training if resumed is not None else None
     if state is not None:  # computed as it was trained: its steps bitwise as if never stopped (threads: at its world size)
@@ -258,13 +258,20 @@ def _schedule_settings(cfg: RunConfig, resumed: Checkpoint | None, log):
     return settings
 
 
-def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict | None = None) -> Dataset:
+def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict | None = None, resumed=None) -> Dataset:
+    # A resumed run's tokenizer is compared before any preparation is written: a corpus changed since
+    # (another alphabet, other merges) is refused with the data prepared under data.name as it was.
+    def same(tokenizer: dict) -> None:
+        fix = "a run resumes on the data it was trained on: its data settings and its corpus as they were then"
+        require_same(resumed.tokenizer, tokenizer, "the checkpoint's tokenizer differs from this data's", fix)
+
+    kw = {"base_tokenizer": base_tokenizer, "check_tokenizer": same if resumed is not None else None}
     # One process per node prepares (nodes may not share a filesystem); the others wait, then read.
     if dist.local_rank == 0:
-        data = load_data(cfg.data, cfg.paths.data_root(), log=log, base_tokenizer=base_tokenizer)
+        data = load_data(cfg.data, cfg.paths.data_root(), log=log, **kw)
     distributed.barrier(dist, patient=True)  # preparing a large corpus takes longer than a collective may wait
     if dist.local_rank != 0:  # local rank 0 checked it
-        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=SIZES, base_tokenizer=base_tokenizer)
+        data = load_data(cfg.data, cfg.paths.data_root(), log=quiet, verify=SIZES, **kw)
     log(
         f"data {data.name}: {Dataset.tokens(data.train):,} train / {Dataset.tokens(data.val):,} val tokens, "
         f"vocab {data.tokenizer.vocab_size}"
@@ -303,13 +310,7 @@ def _model(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, base=
 def _model_config(cfg: RunConfig, data: Dataset, resumed: Checkpoint | None, log, given=None):
     config = registry.with_vocab(cfg.model, data.tokenizer.vocab_size)
     if resumed is None:
-        return config
-    require_same(
-        resumed.tokenizer,
-        data.tokenizer.to_dict(),
-        "the checkpoint's tokenizer differs from this data's",
-        "a run resumes on the data it was trained on: its data settings and its corpus as they were then",
-    )
+        return config  # (a resumed run's data has its tokenizer: _load_data refused any other)
     saved = registry.config_from_dict(resumed.model_config)
     if isinstance(saved, GPTConfig):  # how the backward pass spends memory is this run's to choose
         saved = replace(saved, activation_checkpointing=getattr(config, "activation_checkpointing", False))  # (model=lstm given)

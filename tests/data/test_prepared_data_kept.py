@@ -1,7 +1,8 @@
 """gpt/data: prepared data under a data.name is not lost or replaced unsaid: tokens prepared from
 local files stay usable once the files are gone; a preparation of other settings (another
 tokenizer, a changed corpus) is replaced with a notice saying what differs, or refused where the
-caller only reads (tinygpt eval).
+caller only reads (tinygpt eval); a command refused for its tokenizer (a resume on a changed
+corpus, an eval on data of another) prepares nothing first.
 Run: pytest tests/data/test_prepared_data_kept.py"""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 from gpt.data import load_data
 from gpt.data.shards import PreparedOtherwise
 from gpt.errors import TinyGPTError
-from helpers import TEXT, data_settings, load, write_corpus
+from gpt.tokenizers import require_same
+from helpers import TEXT, assert_one_line_error, data_settings, load, run_script, write_corpus
 
 
 def _local(name: str, path, kind: str = "byte", **kw):
@@ -91,3 +93,78 @@ def test_a_changed_one_document_corpus_says_its_cut_may_move_not_its_documents(t
     said.clear()
     load_data(_local("notes", corpus, split_by="tail"), root, log=said.append)
     assert any("; split by the tail: the cut before the last 25% (val) may move" in m for m in said), said
+
+
+@pytest.mark.parametrize("tokenizer", [{"kind": "char"}, {"kind": "bpe", "vocab_size": 300}], ids=["char", "bpe"])
+def test_a_tokenizer_fitted_on_a_changed_corpus_is_refused_before_anything_is_written(tmp_path, tokenizer):
+    """load_data's check_tokenizer (a resumed run's checkpoint): a char alphabet or BPE fitted on
+    the corpus as it is now is checked once fitted, before the data prepared from the old text
+    goes; under a fresh name, no folder is left."""
+    corpus, root = write_corpus(tmp_path / "corpus", "txt"), tmp_path / "root"
+
+    def settings(name):
+        return data_settings(name, {"kind": "local", "path": str(corpus)}, tokenizer)
+
+    old = load(settings("notes"), root).tokenizer.to_dict()
+    before = {p.name: p.read_bytes() for p in (root / "notes").iterdir()}
+    (corpus / "doc03.txt").write_text("Zebras quarrel, QUIXOTIC and jazzy: ~{|}~ " * 20)
+
+    def same(spec):
+        require_same(old, spec, "the checkpoint's tokenizer differs from this data's", "put it back")
+
+    for name in ("notes", "fresh"):
+        with pytest.raises(TinyGPTError, match="the checkpoint's tokenizer differs from this data's"):
+            load_data(settings(name), root, log=lambda *a: None, check_tokenizer=same)
+    assert {p.name: p.read_bytes() for p in (root / "notes").iterdir()} == before
+    assert not (root / "fresh").exists()
+
+
+def _char_run(tmp_path, corpus, *more):
+    args = [
+        "debug=tiny",
+        "data=local",
+        f"data.source.path={corpus}",
+        "data.name=notes",
+        "data.tokenizer.kind=char",
+        "train.sample_tokens=0",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *more,
+    ]
+    return run_script("train.py", args, tmp_path, tmp_path / "root")
+
+
+def test_a_resume_refused_for_its_changed_corpus_leaves_the_prepared_data_as_it_was(tmp_path):
+    """A char run resumed after a file of its corpus gained characters: refused (the alphabet is
+    not the checkpoint's) before the data under data.name is prepared again, so what another
+    run of that name reads stays byte for byte; with the text put back, the run resumes."""
+    corpus = write_corpus(tmp_path / "corpus", "txt")
+    first = _char_run(tmp_path, corpus, "train.max_iters=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    prepared = tmp_path / "root" / "notes"
+    before = {p.name: p.read_bytes() for p in prepared.iterdir()}
+    text = (corpus / "doc03.txt").read_text()
+    (corpus / "doc03.txt").write_text(text + " Zebras quarrel: QUIXOTIC!")
+    refused = _char_run(tmp_path, corpus, "train.max_iters=4")
+    assert_one_line_error(refused, "the checkpoint's tokenizer differs from this data's", "only the data has '!'")
+    assert "preparing it again" not in refused.stdout + refused.stderr
+    assert {p.name: p.read_bytes() for p in prepared.iterdir()} == before
+    (corpus / "doc03.txt").write_text(text)
+    again = _char_run(tmp_path, corpus, "train.max_iters=4")
+    assert again.returncode == 0 and "resuming from" in again.stdout, again.stderr[-2000:]
+
+
+def test_eval_refuses_data_of_another_tokenizer_before_preparing_it(tmp_path):
+    """`tinygpt eval data=...` naming data the model cannot read (another tokenizer kind: known
+    at once; a char alphabet fitted on other text: once fitted) is refused before any of it is
+    prepared: no folder under the data root."""
+    corpus, root = write_corpus(tmp_path / "corpus", "txt"), tmp_path / "root"
+    run = _char_run(tmp_path, corpus, "train.max_iters=2")
+    assert run.returncode == 0, run.stderr[-2000:]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.txt").write_text("Zebras quarrel: QUIXOTIC! " * 40)
+    for tokenizer, says in (("byte", "vs byte)"), ("char", "only the data has '!'")):
+        args = [f"run_dir={tmp_path / 'run'}", "data=local", f"data.source.path={other}", "data.name=other"]
+        proc = run_script("eval", [*args, f"data.tokenizer.kind={tokenizer}"], tmp_path, root)
+        assert_one_line_error(proc, "data other uses another tokenizer than the model (char (", says)
+        assert not (root / "other").exists()
