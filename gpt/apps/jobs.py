@@ -4,16 +4,21 @@
 Hydra numbers a sweep's job folders (<sweep>/0, 1, ...), so rerunning a sweep into the same
 folder gives each job the folder of the earlier sweep's job of the same number: the same sweep
 resumes its jobs' runs (documented: rerun a sweep to finish it, or raise train.max_iters to train
-it on), but a sweep with other values would resume, and relabel, runs of other settings.
+it on), but a sweep with other values would resume, and relabel, runs of other settings. Hydra
+rewrites a job folder's .hydra/ record before the job's code runs: EarlierRecords keeps a copy of
+each from the sweep's start, which a refused job puts back.
 """
 
 from __future__ import annotations
 
+import filecmp
 import itertools
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from hydra.experimental.callback import Callback
 
 from gpt.apps import common
 from gpt.checkpoints import runs
@@ -35,8 +40,8 @@ class OtherSweepsRun(TinyGPTError):
 def refuse_another_sweeps_run(job_dir: Path, num: int, overrides: list[str]) -> None:
     """Refuse job `num` if its folder holds a run started with other overrides (its summary.json's,
     recorded at the run's last start) than this job's, but for RESUMABLE ones. Hydra has by now
-    rewritten the folder's .hydra/overrides.yaml with this job's: the earlier run's are put back,
-    as the leaderboard and a resume read them."""
+    rewritten the folder's .hydra/ with this job's settings: the earlier run's record is put back
+    as it was (EarlierRecords' copy), as the leaderboard and a resume read it."""
     if not runs.has_run(job_dir):
         return
     earlier = read_json(Path(job_dir) / "summary.json").get("overrides")
@@ -46,13 +51,70 @@ def refuse_another_sweeps_run(job_dir: Path, num: int, overrides: list[str]) -> 
     if was == now:
         return
     try:
-        io.write_bytes(Path(job_dir) / ".hydra" / "overrides.yaml", yaml.safe_dump([str(o) for o in earlier]).encode())
+        _put_back_record(Path(job_dir), [str(o) for o in earlier])
     except OSError:
         pass
     raise OtherSweepsRun(
         f"{job_dir} holds job {num} of an earlier sweep started with {_differing(was, now)} (this sweep's job {num}: "
         f"{_differing(now, was)}); a sweep job resumes only its own run: pass another hydra.sweep.dir or move {job_dir} away"
     )
+
+
+class EarlierRecords(Callback):
+    """At a sweep's start (configs/hydra/default.yaml), a copy of the .hydra/ record of each run
+    already in the sweep folder, as .hydra-<n>/ beside it: Hydra rewrites a job's record before
+    the job runs, so this is the last moment the earlier run's is there. A refused job puts its
+    copy back (refuse_another_sweeps_run); a job that resumes its run keeps it, as a single run
+    resumed in place keeps its earlier record; at the sweep's end a copy equal to its record (a
+    job this sweep did not run, or ran with the same record) goes."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[Path, Path]] = []  # (copy, record)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        if common.rank() != 0:  # the other ranks' sweep folders are scratch (train.quiet_non_zero_ranks)
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        records = sorted(sweep_dir.rglob(".hydra")) if sweep_dir.is_dir() else []
+        self.kept = [(_copy_aside(r), r) for r in records if r.is_dir() and runs.has_run(r.parent)]
+
+    def on_multirun_end(self, config, **kwargs) -> None:  # (before the leaderboard's: callbacks end in reverse)
+        for copy, record in self.kept:
+            if copy.is_dir() and record.is_dir() and _same_files(copy, record):
+                shutil.rmtree(copy, ignore_errors=True)
+        self.kept = []
+
+
+def _copy_aside(record: Path) -> Path:
+    n = 1
+    while (record.parent / f".hydra-{n}").exists():
+        n += 1
+    shutil.copytree(record, record.parent / f".hydra-{n}")
+    return record.parent / f".hydra-{n}"
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    _, differ, unread = filecmp.cmpfiles(a, b, names, shallow=False)
+    return names == sorted(p.name for p in b.iterdir()) and not differ and not unread
+
+
+def _put_back_record(job_dir: Path, earlier: list[str]) -> None:
+    """The job folder's .hydra/ as it was before this sweep: the newest copy EarlierRecords made,
+    if it is the record of the run's last start (its overrides are summary.json's); without one
+    (hydra.callbacks replaced), at least the earlier overrides.yaml, which the leaderboard reads."""
+    record = job_dir / ".hydra"
+    numbered = [(int(p.name[7:]), p) for p in job_dir.glob(".hydra-*") if p.name[7:].isdigit()]
+    copy = max(numbered)[1] if numbered else None
+    try:
+        told = yaml.safe_load((copy / "overrides.yaml").read_text()) if copy is not None else None
+    except (OSError, yaml.YAMLError):
+        told = None
+    if isinstance(told, list) and [str(o) for o in told] == earlier:
+        shutil.rmtree(record, ignore_errors=True)
+        copy.rename(record)
+    else:
+        io.write_bytes(record / "overrides.yaml", yaml.safe_dump(earlier).encode())
 
 
 def _settings(overrides: list[str]) -> dict[str, object]:

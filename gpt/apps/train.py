@@ -26,9 +26,9 @@ _COMMAND = "tinygpt train"
 def main(argv: list[str] | None = None) -> None:
     from gpt.runtime import preemption
 
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _multirun_first(sys.argv[1:] if argv is None else list(argv))
     start = None
-    multirun = any(a in ("-m", "--multirun") for a in argv)
+    multirun = argv[:1] in (["-m"], ["--multirun"])
     if common.world_size() > 1:  # a signal to one rank must not end it alone, even now
         preemption.defer_until_the_run_listens()
         if not multirun:  # (a sweep's driver, inside an allocation, meets no one: its jobs meet in train())
@@ -47,6 +47,19 @@ def main(argv: list[str] | None = None) -> None:
             start = common.guard(lambda: claim_run_dir(overrides))
             argv = [a for a in argv if not (start.pinned and a.startswith("hydra.run.dir="))] + start.pinned
     _hydra_main([*argv, *quiet_non_zero_ranks(multirun)], start)
+
+
+# Hydra's options that take a value: a -m right after one of them is that value, not the flag.
+_VALUED = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
+
+
+def _multirun_first(argv: list[str]) -> list[str]:
+    """-m (--multirun) moved before the overrides, where Hydra's argparse takes it: after one
+    (`tinygpt train debug=tiny -m model.n_layer=1,2`) argparse ends the overrides there and
+    refuses the rest with its usage text. It takes no value and no override starts with '-', so
+    the sweep meant is unambiguous."""
+    flags = [i for i, a in enumerate(argv) if a in ("-m", "--multirun") and (i == 0 or argv[i - 1] not in _VALUED)]
+    return [argv[i] for i in flags[:1]] + [a for i, a in enumerate(argv) if i not in flags]
 
 
 def _refuse_a_search_without_multirun(overrides: list[str]) -> None:
@@ -219,7 +232,9 @@ def _hydra_main(argv: list[str], start: Start | None = None) -> None:
         if not ours or 'Could not detect "srun"' not in str(e):
             raise
         common.fail("hydra/launcher=slurm submits the jobs to SLURM and finds no srun here: run it on the cluster (a login node)")
-    except ValueError as e:  # Optuna's study, when not one trial completed
+    except ValueError as e:  # Optuna's study, when not one trial completed; Hydra's, for -m with --cfg
+        if ours and "Only one of --run, --multirun" in str(e):
+            common.fail(f"{e}: -m runs a sweep, --cfg and --info print settings without running")
         if not ours or "No trials are completed" not in str(e):
             raise
         common.fail("no trial of the search completed: each one's reason is in its summary.json and the sweep's leaderboard.md")

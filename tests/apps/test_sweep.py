@@ -252,6 +252,21 @@ def test_a_search_without_multirun_is_refused(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_multirun_after_the_settings_runs_the_sweep(tmp_path, data_root):
+    """-m where a user types it, after settings (`tinygpt train debug=tiny -m model.n_layer=1,2`),
+    runs the sweep under either command (it was Hydra's argparse usage text, the sweep unrun);
+    with --cfg it is one line."""
+    root, data_overrides = data_root
+    for script, flag in (("train", "-m"), ("train.py", "--multirun")):
+        sweep = tmp_path / script
+        args = ["debug=tiny", flag, "model.n_layer=1,2", *QUICK[1:], *data_overrides, f"hydra.sweep.dir={sweep}"]
+        proc = run_script(script, args, tmp_path, root)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert sorted(r["overrides"] for r in _leaderboard(sweep)) == ["model.n_layer=1", "model.n_layer=2"]
+    proc = run_script("train.py", ["debug=tiny", "--cfg", "job", "-m"], tmp_path, root)
+    assert_one_line_error(proc, "-m runs a sweep, --cfg and --info print settings without running")
+
+
 def test_sweep_command_refuses_a_folder_without_jobs(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "notes.txt").write_text("keep me")
@@ -308,13 +323,18 @@ def test_a_rerun_with_other_values_never_resumes_another_jobs_run(tmp_path, data
     """Job folders are numbered: rerunning a sweep into its folder resumes each job's own run (the
     same command, or a longer train.max_iters), but job 0 of a sweep with other values is refused
     in one line naming both, the sweep goes on, and the earlier run, its record and its
-    leaderboard row stay as they were (it resumed it and was labelled model.n_head=4)."""
+    leaderboard row stay as they were (it resumed it and was labelled model.n_head=4): all of
+    its .hydra/ record too, byte for byte (Hydra had rewritten config.yaml and hydra.yaml with
+    the refused values). A job that resumes its run keeps its earlier record as .hydra-1/, as a
+    single run resumed in place does."""
     root, data_overrides = data_root
     sweep, job = tmp_path / "sweep", tmp_path / "sweep" / "0"
     args = ["-m", *(a for a in QUICK if not a.startswith("train.max_iters=")), *data_overrides, f"hydra.sweep.dir={sweep}"]
     first = run_script("train.py", [*args, "train.max_iters=10", "model.n_head=3,6"], tmp_path, root)
     assert first.returncode == 0, first.stderr[-2000:]
     before = (job / "summary.json").read_bytes(), sorted(p.name for p in (job / "checkpoints").iterdir())
+    record = {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()}
+    assert {"config.yaml", "hydra.yaml", "overrides.yaml"} <= set(record)
     other = run_script("train.py", [*args, "train.max_iters=10", "model.n_head=4,6"], tmp_path, root)
     assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-2000:]
     assert (
@@ -324,6 +344,8 @@ def test_a_rerun_with_other_values_never_resumes_another_jobs_run(tmp_path, data
     ) in other.stderr
     assert "ignoring model.n_head" not in other.stdout + other.stderr
     assert ((job / "summary.json").read_bytes(), sorted(p.name for p in (job / "checkpoints").iterdir())) == before
+    assert {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()} == record
+    assert sorted(p.name for p in job.glob(".hydra*")) == [".hydra"]  # no copy left behind
     assert sorted((r["run"], r["overrides"], r["step"]) for r in _leaderboard(sweep)) == [
         ("0", "model.n_head=3", "10"),
         ("1", "model.n_head=6", "10"),
@@ -331,6 +353,8 @@ def test_a_rerun_with_other_values_never_resumes_another_jobs_run(tmp_path, data
     longer = run_script("train.py", [*args, "train.max_iters=15", "model.n_head=3,6"], tmp_path, root)
     assert longer.returncode == 0, longer.stderr[-2000:]
     assert [s["step"] for s in _summaries(sweep, 2)] == [15, 15]
+    assert {p.name: p.read_bytes() for p in (job / ".hydra-1").iterdir()} == record  # the first start's
+    assert "train.max_iters=15" in (job / ".hydra" / "overrides.yaml").read_text()
 
 
 def test_job_folders_named_by_their_overrides(tmp_path, data_root):
