@@ -52,6 +52,36 @@ def test_the_vocabulary_comes_from_the_tokenizer_and_the_shape_is_checked():
         registry.config_from_dict({"arch": "transformer"})
 
 
+@pytest.mark.parametrize(
+    "given, hints",
+    [
+        # RoPE turns its heads' channels in pairs: 20 (heads 4 wide), not 25 (5 wide, which RoPE refused)
+        (["model=llama-nano", "model.n_head=5"], ["model.n_embd=20"]),
+        (["model=llama-nano", "model.n_head=5", "model.n_embd=25"], ["model.n_embd=20"]),  # RoPE's own refusal
+        (["model.n_head=5"], ["model.n_embd=25"]),  # gpt-nano's learned positions: any multiple
+        # the key/value heads first, as no n_embd mends them (25 was told, then n_kv_head refused)
+        (["model.n_head=5", "model.n_kv_head=2"], ["model.n_kv_head=1", "model.n_embd=25"]),
+        (["model=llama-nano", "model.n_head=10", "model.n_kv_head=4"], ["model.n_kv_head=5", "model.n_embd=20"]),
+    ],
+)
+def test_a_shape_refusal_suggests_a_value_the_run_takes(tmp_path, data_root, given, hints):
+    """A user follows each refusal's 'e.g.' as typed: every one is taken, and the run trains."""
+    import re
+
+    root, data_overrides = data_root
+    args, told = ["debug=tiny", "train.max_iters=2", "train.sample_tokens=0", *data_overrides, *given], []
+    for _ in range(len(hints) + 1):
+        proc = run_script("train.py", [*args, f"hydra.run.dir={tmp_path / str(len(told))}"], tmp_path, root)
+        if proc.returncode == 0 or len(told) > len(hints):
+            break
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+        hint = re.search(r"\(e\.g\. (model\.\w+=\d+)\)", proc.stderr)
+        assert hint is not None, proc.stderr
+        told.append(hint.group(1))
+        args.append(hint.group(1))
+    assert (proc.returncode, told) == (0, hints), proc.stderr[-2000:]
+
+
 ARCH_RUNS = {
     "lstm": ["debug=tiny", "model=lstm", "model.n_hidden=16"],
     "gru": ["debug=tiny", "model=gru", "model.n_hidden=16"],

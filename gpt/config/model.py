@@ -91,19 +91,23 @@ class GPTConfig:
             raise TinyGPTError(f"model.qkv_bias must be true, false or null (as model.bias), got {self.qkv_bias!r}")
         if self.head_dim is not None and not _positive_int(self.head_dim):
             raise TinyGPTError(f"model.head_dim must be a positive integer or null (n_embd / n_head), got {self.head_dim!r}")
-        if self.head_dim is None and self.n_embd % self.n_head:
-            raise TinyGPTError(
-                f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; "
-                f"pick n_embd as a multiple of n_head (e.g. model.n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})"
-            )
         _one_of("attention", self.attention, ATTENTION_IMPLS)
         _one_of("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         _one_of("norm", self.norm, NORMS)
         _one_of("mlp", self.mlp, MLPS)
+        # Before the width's check, whose hint changes n_embd alone: no n_embd mends this one.
         if self.n_kv_head is not None and (not _positive_int(self.n_kv_head) or self.n_head % self.n_kv_head):
             raise TinyGPTError(
                 f"model.n_kv_head={self.n_kv_head!r} must divide model.n_head={self.n_head} (each key/value head serves "
-                f"n_head / n_kv_head query heads); use a divisor of {self.n_head} or null"
+                f"n_head / n_kv_head query heads); use a divisor of {self.n_head} (e.g. model.n_kv_head="
+                f"{_nearest_divisor(self.n_head, self.n_kv_head)}) or null"
+            )
+        rope = self.pos_encoding == "rope"
+        if self.head_dim is None and self.n_embd % self.n_head:
+            raise TinyGPTError(
+                f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}; pick n_embd as a multiple of "
+                f"{'2 x n_head, as RoPE needs heads of an even width' if rope else 'n_head'} "
+                f"(e.g. model.n_embd={_width(self.n_embd, self.n_head, rope)})"
             )
         if self.activation not in ("gelu", "gelu_tanh"):
             raise TinyGPTError(f"model.activation={self.activation!r} is unknown; use gelu or gelu_tanh")
@@ -120,6 +124,7 @@ class GPTConfig:
         ):
             raise TinyGPTError(f"model.logit_softcap must be a number > 0 or null (off), got {self.logit_softcap!r}")
         # The derived values, resolved once under their own names.
+        width_given = self.head_dim is not None
         self.n_kv_head = self.n_kv_head or self.n_head
         self.head_dim = self.head_dim or self.n_embd // self.n_head
         self.qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
@@ -127,8 +132,11 @@ class GPTConfig:
             # SwiGLU has three matrices where GELU has two, so Llama keeps its parameters level
             # with 2/3 of 4 n_embd, rounded up to a multiple of 256.
             self.mlp_hidden = 256 * -(-int(2 * 4 * self.n_embd / 3) // 256) if self.mlp == "swiglu" else 4 * self.n_embd
-        if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise TinyGPTError(f"RoPE rotates pairs of channels: the head dimension {self.head_dim} must be even")
+        if rope and self.head_dim % 2:
+            mend = (
+                f"model.head_dim={self.head_dim + 1}" if width_given else f"model.n_embd={_width(self.n_embd, self.n_head, rope)}"
+            )
+            raise TinyGPTError(f"RoPE rotates pairs of channels: the head dimension {self.head_dim} must be even (e.g. {mend})")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -287,6 +295,19 @@ def _known(cls, d: dict, what: str) -> dict:
             f"unknown model setting(s) {', '.join('model.' + k for k in unknown)} for {what}; known: {', '.join(sorted(known))}"
         )
     return dict(d)
+
+
+def _width(n_embd: int, n_head: int, rope: bool) -> int:
+    """The multiple of n_head nearest n_embd (of 2 n_head with RoPE, which rotates pairs of each
+    head's channels): the n_embd a mistaken one is told to take."""
+    step = n_head * (2 if rope else 1)
+    return step * max(1, round(n_embd / step))
+
+
+def _nearest_divisor(n: int, near) -> int:
+    """The divisor of n nearest `near` (the smaller of two as near; 1 for a value that is no count)."""
+    near = near if _positive_int(near) else 1
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
 
 
 def _positive_int(value) -> bool:
