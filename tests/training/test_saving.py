@@ -13,7 +13,7 @@ from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.resume import resumable
 from gpt.errors import TinyGPTError
 from gpt.training import train
-from helpers import ENGINE_RUN, compose, poison_forward
+from helpers import ENGINE_RUN, assert_one_line_error, compose, poison_forward, run_script
 
 
 def test_an_eval_inside_a_bad_streak_saves_nothing_and_prunes_nothing(tmp_path, data_root, monkeypatch, caplog):
@@ -90,3 +90,21 @@ def test_a_run_diverging_before_its_first_save_says_its_step_0_eval_saved_none(t
     assert "training diverged" in str(error.value) and not runs.step_checkpoints(tmp_path)
     assert "no checkpoint was saved yet (the eval at step 0 saves none)" in str(error.value)
     assert "no eval reached" not in str(error.value)
+
+
+def test_a_run_resumed_from_another_diverging_before_its_first_save_names_where_it_resumed_from(tmp_path, data_root):
+    """`resume=<another run>` (or one of its checkpoints) into a new folder, diverging before this
+    run saves: the one line names the checkpoint it continued from, the last good state there is."""
+    root, data_overrides = data_root
+    quick = ["debug=tiny", "data=shakespeare_char", "train.sample_tokens=0", *data_overrides]
+    first = run_script("train.py", [*quick, "train.max_iters=10", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path, root)
+    assert first.returncode == 0, first.stderr[-2000:]
+    wild = [*quick, "train.max_iters=30", "optim.lr=1e30", "optim.muon_lr=1e30", "train.max_bad_steps=2"]
+    for n, resume in enumerate((tmp_path / "a", tmp_path / "a" / "checkpoints" / "ckpt-0000010.pt")):
+        proc = run_script("train.py", [*wild, f"resume={resume}", f"hydra.run.dir={tmp_path / str(n)}"], tmp_path, root)
+        assert_one_line_error(
+            proc,
+            "training diverged",
+            f"no checkpoint was saved yet (no eval reached yet); it resumed from {tmp_path / 'a' / 'checkpoints' / 'ckpt-0000010.pt'};",
+        )
+        assert not runs.step_checkpoints(tmp_path / str(n))
