@@ -28,6 +28,26 @@ def test_every_job_of_compare_archs_builds_under_debug_tiny(model):
     assert net(torch.zeros(1, settings.model.block_size, dtype=torch.long))[0].shape[-1] == 65
 
 
+@pytest.mark.parametrize("vocab, factor", [(257, 2.0), (65, 2.0), (50257, 2.2)])
+def test_debug_tiny_shrinks_every_architecture_of_compare_archs_to_one_size(vocab, factor):
+    """`-m experiment=compare_archs debug=tiny` compares models of about one size: each job's
+    within 2x of the others' on the quickstart's bytes and on characters (with GPT-2's tokens the
+    recurrent models' untied head doubles their tables). debug=tiny shrank the GPT to ~14k
+    parameters and left the recurrent models' hidden state at the presets' (300k+)."""
+    counts = {}
+    for model in str(COMPARED["model"]).split(","):
+        settings = compose(["experiment=compare_archs", "debug=tiny", f"model={model}"])
+        counts[model] = sum(p.numel() for p in registry.build(registry.with_vocab(settings.model, vocab)).parameters())
+    assert max(counts.values()) <= factor * min(counts.values()), counts
+    # a single run of a recurrent model under debug=tiny is as small; a width given still wins
+    assert (
+        compose(["debug=tiny", "model=lstm"]).model.n_hidden
+        == compose(["experiment=compare_archs", "debug=tiny", "model=lstm"]).model.n_hidden
+    )
+    assert compose(["debug=tiny", "model=lstm", "model.n_hidden=16"]).model.n_hidden == 16
+    assert compose(["model=lstm"]).model.n_hidden == 236  # the preset's, without debug=tiny
+
+
 @pytest.mark.slow
 def test_compare_archs_with_debug_tiny_runs_all_four_jobs(tmp_path, data_root):
     """The documented command as a user types it, a real multirun: four jobs, all finished."""
