@@ -191,7 +191,6 @@ def prepare(
                 with contextlib.suppress(OSError):
                     out_dir.rmdir()
             raise
-    _invalidate(out_dir)  # from here until the new meta lands, the folder reads as unprepared
     dtype = token_dtype(tok.vocab_size)
     num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
     doc_lengths, shards, sums, seconds = _tokenize_and_shard(
@@ -269,6 +268,10 @@ def _tokenize_and_shard(
         )
         if not doc_lengths:
             raise TinyGPTError("the corpus is empty (no non-empty documents); check data.source")
+        # Every document read and tokenized (a source failing mid-way, such as a bad record deep in
+        # a JSONL file, has left earlier prepared data as it was): from here until the new meta
+        # lands, the folder reads as unprepared.
+        _invalidate(out_dir)
         stream = np.memmap(stream_path, dtype=dtype, mode="r") if sum(doc_lengths) else np.zeros(0, dtype)
         # one document (a single file: the usual own corpus) cannot be split by documents: by its tail
         split_by = "tail" if len(doc_lengths) == 1 else settings.get("split_by", "documents")

@@ -168,3 +168,25 @@ def test_eval_refuses_data_of_another_tokenizer_before_preparing_it(tmp_path):
         proc = run_script("eval", [*args, f"data.tokenizer.kind={tokenizer}"], tmp_path, root)
         assert_one_line_error(proc, "data other uses another tokenizer than the model (char (", says)
         assert not (root / "other").exists()
+
+
+def test_a_source_failing_mid_way_leaves_the_earlier_preparation_as_it_was(tmp_path):
+    """A corpus whose reading fails after its first documents (a bad record deep in a large JSONL
+    file fails only as it is reached) is refused with the data prepared there before byte for
+    byte as it was: the old shards go only once every document is tokenized."""
+    from gpt.data.prepare import prepare
+
+    out = tmp_path / "notes"
+    settings = {"identity": "test", "val_fraction": 0.25, "split_by": "documents", "seed": 3, "num_proc": 1}
+    docs = [f"document {i}: " + "some words " * 20 for i in range(8)]
+    first = prepare(docs, {"kind": "byte"}, out, settings, log=lambda *a: None)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def failing():
+        yield from docs[:5]
+        raise TinyGPTError("corpus/part.jsonl line 500001: not JSON")
+
+    with pytest.raises(TinyGPTError, match="line 500001"):
+        prepare(failing(), {"kind": "byte"}, out, {**settings, "seed": 4}, log=lambda *a: None)
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # no temporary left either
+    assert prepare(docs, {"kind": "byte"}, out, settings, log=lambda *a: None) == first
