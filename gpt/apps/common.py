@@ -205,6 +205,9 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     parse = next((e for e in _chain(error) if isinstance(e, OverrideParseException)), None)
     if parse is not None:  # Hydra's grammar, e.g. a ~ or a space in an unquoted value
         key, _, value = str(parse.override).partition("=")
+        if value.startswith("[") and value.endswith("]"):  # a list: each item quoted, not the list (a string then)
+            example = f'"{key}=[{",".join(repr(item.strip()) for item in value[1:-1].split(","))}]"'
+            return f"cannot read {parse.override!r}: Hydra's override grammar does not take these items unquoted; quote each inside the shell's quotes, e.g. {example}"
         return (
             f"cannot read {parse.override!r}: Hydra's override grammar does not take that value unquoted; quote it "
             f"inside the shell's quotes, e.g. \"{key}='{value}'\""
@@ -227,7 +230,8 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     if isinstance(cause, MissingMandatoryValue) and key:
         return f"{key} is required; set it on the command line, e.g. {key}=..."
     if isinstance(cause, ValidationError) and key:
-        want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or _item_type(cause) or first
+        want = expected_type(getattr(cause, "object_type", None), key.rpartition(".")[2]) or _item_type(cause)
+        want = want or ("a list, e.g. [a,b]" if "is not a ListConfig" in first else first)
         return f"{key} must be {want}, got {getattr(cause, 'value', None)!r}"
     if "Could not load 'hydra/launcher/submitit" in first:  # configs/hydra/launcher/slurm.yaml's plugin
         return f"{first.rstrip('.')}: hydra/launcher=slurm needs the slurm extra: pip install 'tinygpt[slurm]'"

@@ -270,3 +270,28 @@ def test_a_refused_start_racing_another_for_its_folders_still_ends_in_one_line(t
     run_dir.mkdir(parents=True)
     monkeypatch.setattr(Path, "rmdir", lambda self: (_ for _ in ()).throw(FileNotFoundError(2, "gone", str(self))))
     start._remove_empty(run_dir, tmp_path / "outputs")  # no exception
+
+
+def test_a_list_typed_unquoted_is_told_how_to_quote_its_items_and_the_hint_runs(tmp_path):
+    """A list setting with spaces in its items, typed as configs/hydra/launcher/slurm.yaml's
+    setup lines are, is refused with an example that quotes each item (quoting the whole list makes
+    a string, which the next error said in OmegaConf's words: 'must be Invalid value assigned');
+    that example, typed as shown, composes the two lines; a string where a list goes says so."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: pip install -e '.[slurm]'")
+    import shlex
+
+    args = ["--cfg", "hydra", "hydra/launcher=slurm"]
+    typed = run_script(
+        "train.py", [*args, "hydra.launcher.setup=[export SLURM_KILL_BAD_EXIT=1,module load cuda]"], tmp_path, tmp_path
+    )
+    assert_one_line_error(typed)
+    message = typed.stderr.strip()
+    assert "does not take these items unquoted; quote each inside the shell's quotes, e.g. " in message
+    hint = shlex.split(message.rpartition("e.g. ")[2])
+    assert hint == ["hydra.launcher.setup=['export SLURM_KILL_BAD_EXIT=1','module load cuda']"]
+    composed = run_script("train.py", [*args, *hint], tmp_path, tmp_path)
+    assert composed.returncode == 0, composed.stderr[-2000:]
+    assert "setup:\n    - export SLURM_KILL_BAD_EXIT=1\n    - module load cuda\n" in composed.stdout
+    string = run_script("train.py", [*args, "hydra.launcher.setup='[a b]'"], tmp_path, tmp_path)
+    assert_one_line_error(string)
+    assert string.stderr.strip() == "error: hydra.launcher.setup must be a list, e.g. [a,b], got '[a b]'"
