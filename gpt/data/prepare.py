@@ -215,7 +215,7 @@ def prepare(
     write_stamps(out_dir, (out_dir / "meta.json").read_bytes(), stamps)
     one = len(doc_lengths) == 1 and settings.get("split_by", "documents") == "documents"
     log(
-        f"prepared {len(doc_lengths):,} documents: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
+        f"prepared {len(doc_lengths):,} document{'s' * (len(doc_lengths) != 1)}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
         f"in {out_dir} ({sum(doc_lengths) / max(seconds, 1e-9):,.0f} tokens/s with {num_proc} process(es))"
         + (f"; one document: its last {val_fraction:.0%} validates (as data.split_by=tail)" if one else "")
     )

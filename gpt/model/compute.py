@@ -57,11 +57,12 @@ def steps_for(train, flops_per_token: float, params_non_embedding: int, tokens_p
 
 def describe(figures: dict, steps: int, tokens_per_step: int, recurrent: bool = False) -> str:
     """The start-up line: sizes, FLOPs per token (a recurrent model has no attention term), and
-    what the whole run will cost."""
+    what the whole run will cost. N leaves out the lookup tables only (a tied token table is the
+    LM head's matmul too: then N is every parameter, which 'without embeddings' said wrongly)."""
     total = figures["flops_per_token"] * tokens_per_step * steps
     rule = "6N" if recurrent else "6N + attention"
     return (
-        f"compute: {figures['params_non_embedding']:,} parameters without embeddings "
+        f"compute: N = {figures['params_non_embedding']:,} parameters in matmuls "
         f"({figures['params']:,} in all); {figures['flops_per_token']:.3g} FLOPs/token ({rule}); "
         f"{steps:,} steps x {tokens_per_step:,} tokens = {total:.3g} training FLOPs"
     )

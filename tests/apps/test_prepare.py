@@ -16,7 +16,7 @@ def test_prepare_command_and_bpe_training(tmp_path, data_root, gpt2_ranks):
     (data / "tinyshakespeare").symlink_to(root / "tinyshakespeare")
     prep = run_script("prepare", ["data=shakespeare", *data_overrides, f"paths.data_dir={data}"], tmp_path, root)
     assert prep.returncode == 0, prep.stderr
-    assert "prepared 1 documents" in prep.stdout and "tokenizer tiktoken" in prep.stdout
+    assert "prepared 1 document:" in prep.stdout and "tokenizer tiktoken" in prep.stdout
     proc = run_script("train.py", ["data=shakespeare", *data_overrides, "debug=tiny", f"paths.data_dir={data}"], tmp_path, root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "vocab 50257" in proc.stdout and "prepared" not in proc.stdout  # reused what prepare made

@@ -167,3 +167,18 @@ def test_the_start_up_line_names_the_rule_the_model_is_counted_by(tmp_path, data
             train(compose([*overrides, "train.sample_tokens=0"], tmp_path / model))
         line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("compute:"))
         assert f"FLOPs/token {rule};" in line, line
+
+
+def test_the_start_up_line_says_n_counts_the_matmuls_a_tied_table_included():
+    """N leaves out the lookup tables only: a tied token table is the LM head's matmul too, so for
+    a tied model with rotary positions N is every parameter, and the line says what N is rather
+    than 'without embeddings' (which then read as a mistake: 820,736 without, 820,736 in all)."""
+    from gpt.model import GPT, GPTConfig
+    from gpt.model.compute import counts, describe
+
+    tied = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=8, pos_encoding="rope"))
+    figures = counts(tied)
+    assert figures["params_non_embedding"] == figures["params"]
+    line = describe(figures, 10, 16)
+    assert line.startswith(f"compute: N = {figures['params']:,} parameters in matmuls ({figures['params']:,} in all); ")
+    assert "without embeddings" not in line
