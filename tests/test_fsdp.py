@@ -201,6 +201,23 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+class _PartFills(torch.nn.Module):
+    """Initialised the ways a sharded start replays besides whole fills: an embedding's padding
+    row zeroed (a fill of a part), rows drawn again across the shards' cut, a row filled through
+    `.data`, a copy from a host tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(9, 4, padding_idx=0)
+        self.w = torch.nn.Parameter(torch.empty(7, 3))
+        torch.nn.init.normal_(self.w)
+        torch.nn.init.uniform_(self.w[2:5], -3.0, -2.0)
+        self.w.data[6].fill_(3.0)
+        self.c = torch.nn.Parameter(torch.empty(5))
+        with torch.no_grad():
+            self.c.copy_(torch.arange(5.0, device="cpu"))
+
+
 def _draw_sharded(rank: int, world: int, store: str, out: str) -> None:
     """One of `world` gloo processes, seeded apart as training seeds them: each GPT shape built on
     the meta device with its fills recorded, sharded, and given its initial values by fill_initial
@@ -210,6 +227,7 @@ def _draw_sharded(rank: int, world: int, store: str, out: str) -> None:
     import json
 
     import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
 
     from gpt.model import GPT, GPTConfig, meta
     from gpt.runtime import devices
@@ -226,21 +244,26 @@ def _draw_sharded(rank: int, world: int, store: str, out: str) -> None:
             ),
         }  # fmt: skip
         result = {}
-        for name, config in shapes.items():
+        builders = {name: (lambda c=config: GPT(c)) for name, config in shapes.items()} | {"parts": _PartFills}
+        for name, build in builders.items():
             torch.manual_seed(1000 + rank)  # per-rank seeds, as training's
             rng = torch.get_rng_state()
             rank0_rng = [rng if rank == 0 else None]
             dist.broadcast_object_list(rank0_rng, src=0)
             with torch.random.fork_rng(devices=[]):
                 torch.set_rng_state(rank0_rng[0])
-                whole = GPT(config).state_dict()
+                whole = build().state_dict()
                 after_whole_build = torch.get_rng_state()
             fills = []
             with meta.building(fills):
-                model = GPT(config)
+                model = build()
             fills = meta.named_fills(model, fills)
-            model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
-            sharding.materialize(model, torch.device("cpu"))
+            if isinstance(model, GPT):
+                model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
+                sharding.materialize(model, torch.device("cpu"))
+            else:  # (no blocks: one unit)
+                fully_shard(model)
+                model.to_empty(device="cpu")
             sharding.fill_initial(model, fills, rank0_rng[0])
             equal = all(
                 torch.equal(sharding.local(p), whole[key].chunk(world)[rank])
@@ -260,14 +283,37 @@ def _draw_sharded(rank: int, world: int, store: str, out: str) -> None:
 def test_every_process_draws_its_shards_of_a_new_model_as_one_process_draws_the_whole(tmp_path, world):
     """A new sharded model's initial weights (gpt.training.sharding.fill_initial: each process
     replays the build's fills on whole tensors, one at a time, and keeps its rows) are bitwise the
-    rows of the same model built whole by one process, for GPT-2's block and Llama's; rank 0's
-    random generator goes on from where that build leaves it, the others keep their own."""
+    rows of the same model built whole by one process, for GPT-2's block and Llama's, and for fills
+    of parts of a weight (_PartFills); rank 0's random generator goes on from where that build
+    leaves it, the others keep their own."""
     import torch.multiprocessing as mp
 
     mp.spawn(_draw_sharded, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
     got = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(world)]
     assert all(g[shape]["equal"] for g in got for shape in g), got
     assert all(g[shape]["rng"] for g in got for shape in g), got
+
+
+def test_a_weight_changed_in_place_by_its_construction_is_refused_for_a_sharded_start():
+    """A construction that changes a weight's values in place other than by overwriting them
+    (`.data.mul_`: it reads the values it changes) cannot be replayed shard by shard: refused in
+    one line naming the weight, not started with other values than one process's."""
+    from torch import nn
+
+    from gpt.errors import TinyGPTError
+    from gpt.model import meta
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.a.weight.data.mul_(0.5)
+
+    fills = []
+    with meta.building(fills):
+        model = Scaled()
+    with pytest.raises(TinyGPTError, match=r"^a\.weight: the model's construction changes it in place \(mul_\)"):
+        meta.named_fills(model, fills)
 
 
 def test_a_parameter_no_fill_gives_a_value_is_refused_not_left_uninitialised(tmp_path):

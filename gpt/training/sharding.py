@@ -242,14 +242,19 @@ def fill_initial(model: nn.Module, fills: list[tuple], rng_state: torch.Tensor) 
     params = dict(model.named_parameters())
     filled = set()
     with torch.no_grad():
-        for name, fill, shape, dtype, args, kwargs in fills:
-            whole = torch.empty(shape, dtype=dtype)
-            fill(whole, *args, **kwargs)
+        for name, fill, shape, dtype, place, args, kwargs in fills:
             if name is None:  # drawn for the generator's sake only (see named_fills)
+                fill(torch.empty(shape, dtype=dtype), *args, **kwargs)
                 continue
             target = params[name]
-            local(target).copy_(_own_part(whole, target) if isinstance(target, DTensor) else whole)
-            filled.add(name)
+            whole = torch.empty(target.shape, dtype=target.dtype)
+            own = _own_part(whole, target) if isinstance(target, DTensor) else whole
+            if place is not None:  # a fill of a part: the rest of this process's rows stay as they are
+                own.copy_(local(target))
+            fill(whole if place is None else whole.as_strided(*place), *args, **kwargs)
+            local(target).copy_(own)
+            if place is None:
+                filled.add(name)
     if torch.distributed.get_rank() != 0:
         torch.set_rng_state(own_state)
     unfilled = sorted(set(params) - filled)
