@@ -226,7 +226,9 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
         told = other_kinds_setting(key, *(model.get(k) for k in ("arch", "name"))) if model is not None else None
         if told:  # a GPT's setting under model=gru, or the reverse
             return told
-        return f"unknown setting {key!r}; list the valid keys with `{command} --cfg job`"
+        near = _nearest(leaf, getattr(cause, "parent_node", None))
+        guess = f" (did you mean {f'{section}.' if section else ''}{near}?)" if near else ""
+        return f"unknown setting {key!r}{guess}; list the valid keys with `{command} --cfg job`"
     if isinstance(cause, MissingMandatoryValue) and key:
         return f"{key} is required; set it on the command line, e.g. {key}=..."
     if isinstance(cause, ValidationError) and key:
@@ -236,6 +238,16 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     if "Could not load 'hydra/launcher/submitit" in first:  # configs/hydra/launcher/slurm.yaml's plugin
         return f"{first.rstrip('.')}: hydra/launcher=slurm needs the slurm extra: pip install 'tinygpt[slurm]'"
     return first
+
+
+def _nearest(name: str, node) -> str | None:
+    """The key of `node` (the config section a mistyped key was looked up in) that `name` most
+    likely meant: a typo's ('max_iter', 'atention', 'trian'), else None."""
+    import difflib
+
+    keys = [str(k) for k in node.keys()] if node is not None and hasattr(node, "keys") else []
+    found = difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
+    return found[0] if found else None
 
 
 def _item_type(cause) -> str | None:

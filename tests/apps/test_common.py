@@ -27,7 +27,13 @@ def _snapshot(folder: Path) -> dict[str, str]:
     [
         (["optim.lr=fast"], "optim.lr must be a number, got 'fast'"),
         (["seed=abc"], "seed must be an integer, got 'abc'"),
-        (["train.max_iter=20"], "unknown setting 'train.max_iter'; list the valid keys with `tinygpt train --cfg job`"),
+        (
+            ["train.max_iter=20"],
+            "unknown setting 'train.max_iter' (did you mean train.max_iters?); list the valid keys with `tinygpt train --cfg job`",
+        ),
+        (["trian.max_iters=20"], "unknown setting 'trian' (did you mean train?); list the valid keys"),
+        (["model=gru", "model.n_hiden=8"], "unknown setting 'model.n_hiden' (did you mean model.n_hidden?)"),
+        (["train.zzz=1"], "unknown setting 'train.zzz'; list the valid keys"),  # nothing near: no guess
         (["experiment=shakespeare_char", "optim.muon_lr=0.05"], "optim.muon_lr is a Muon setting and this run uses optim=adamw"),
         (["model=gtp2"], "unknown model config 'gtp2'; choose one of: baby-gpt, gpt-micro"),
         (["optim.weight_decay=-1"], "optim.weight_decay >= 0"),
