@@ -33,7 +33,8 @@ def evaluate(s: EvalConfig) -> dict:
 
     from gpt.apps.sample import read_text
     from gpt.checkpoints import loading
-    from gpt.evals.perplexity import evaluate_tokens
+    from gpt.data.chat import ChatSplit
+    from gpt.evals.perplexity import evaluate_conversations, evaluate_tokens
     from gpt.runtime import devices
 
     # The forward passes run under the runtime's autocast, as training's evals do (bf16 on GPUs
@@ -50,12 +51,17 @@ def evaluate(s: EvalConfig) -> dict:
         tokens, source = np.array(tokenizer.encode(read_text(path, "text_file")), dtype=np.int64), str(path)
     else:
         tokens, source = _split_tokens(s, loaded)
-    with rt.autocast():
-        r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
-    print(
-        f"{loaded.source} on {source}: {r['tokens']:,} tokens scored ({r['bytes']:,} bytes, stride {r['stride']}): loss {r['loss']:.4f}, "
-        f"perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
-    )
+    if isinstance(tokens, ChatSplit):  # a chat finetune's conversations: its replies, as it trains on them
+        with rt.autocast():
+            r = evaluate_conversations(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens)
+        left = f"; {r['left_out']:,} longer than the context left out, as in training" if r["left_out"] else ""
+        scored = f"{r['tokens']:,} reply tokens scored in {r['conversations']:,} conversations ({r['bytes']:,} bytes{left})"
+    else:
+        with rt.autocast():
+            r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
+        scored = f"{r['tokens']:,} tokens scored ({r['bytes']:,} bytes, stride {r['stride']})"
+    figures = f"loss {r['loss']:.4f}, perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
+    print(f"{loaded.source} on {source}: {scored}: {figures}")
     return r
 
 
@@ -104,6 +110,8 @@ def _split_tokens(s: EvalConfig, loaded):
         )
     except PreparedOtherwise as e:
         raise TinyGPTError(f"{e}; tinygpt eval does not prepare over it: {_prepare_again(s, loaded)}") from None
+    if data.kind == "chat":  # scored conversation by conversation (evaluate_conversations)
+        return data.splits[s.split], f"{data.name} {s.split}"
     return split_tokens(getattr(data, s.split), s.max_tokens), f"{data.name} {s.split}"
 
 

@@ -7,7 +7,8 @@ predicted with at least block_size - stride tokens of context it does not score.
 block_size (the default) gives back-to-back windows: fastest, least context for each window's
 first targets; a smaller stride costs block_size / stride times the compute. Bits per byte =
 total loss / ln 2 / the UTF-8 bytes of the scored text, which compares models with different
-tokenizers.
+tokenizers. Conversations (a chat finetune's data) are scored as the finetune trains on them:
+each whole, only its replies (`evaluate_conversations`).
 """
 
 from __future__ import annotations
@@ -100,3 +101,48 @@ def split_tokens(shards: list[np.ndarray], max_tokens: int | None) -> np.ndarray
         if need is not None and have >= need:
             break
     return np.concatenate(taken)
+
+
+@torch.no_grad()
+def evaluate_conversations(model, split, tokenizer, device, batch_size: int = 16, max_tokens: int | None = None) -> dict:
+    """Loss over a split of conversations (gpt.data.chat.ChatSplit) as a chat finetune trains and
+    validates on them: each conversation whole from its start, only its trained ids (the
+    assistant's replies) scored, conversations longer than the context left out as training
+    leaves them. Scoring the ids one after another instead would score the prompts and the
+    template too, which the model was never trained to predict (a loss twice training's val).
+    `max_tokens`: stop once that many replies' ids are scored (whole conversations)."""
+    block = model.config.block_size
+    fits = [i for i, n in enumerate(split.lengths()) if n <= block + 1]
+    if not fits:
+        raise TinyGPTError(f"none of the split's {len(split):,} conversations fits the model's context ({block + 1} tokens)")
+    model.eval()
+    total_loss, total_tokens, total_bytes, used = 0.0, 0, 0, 0
+    for start in range(0, len(fits), batch_size):
+        chosen = [split.conversation(i) for i in fits[start : start + batch_size]]
+        width = max(len(ids) for ids, _ in chosen) - 1
+        x, y = np.zeros((len(chosen), width), np.int64), np.full((len(chosen), width), -1, np.int64)
+        for r, (ids, mask) in enumerate(chosen):
+            x[r, : len(ids) - 1] = ids[:-1]
+            y[r, : len(ids) - 1] = np.where(mask[1:] == 1, ids[1:].astype(np.int64), -1)
+        used += len(chosen)
+        scored = y[y != -1]
+        if not len(scored):
+            continue
+        _, loss = model(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))  # the mean over the scored ids
+        total_loss += loss.item() * len(scored)
+        total_tokens += len(scored)
+        total_bytes += token_bytes(tokenizer, scored.tolist())
+        if max_tokens and total_tokens >= max_tokens:
+            break
+    if not total_tokens:
+        raise TinyGPTError("the conversations hold no replies to score (no trained ids)")
+    mean = total_loss / total_tokens
+    return {
+        "tokens": total_tokens,
+        "bytes": total_bytes,
+        "loss": mean,
+        "perplexity": math.exp(mean),
+        "bits_per_byte": total_loss / math.log(2) / max(total_bytes, 1),
+        "conversations": used,
+        "left_out": len(split) - len(fits),
+    }

@@ -226,6 +226,7 @@ def test_eval_task_chat_scores_replies_per_skill(runs):
 def test_eval_scores_a_chat_finetune_on_its_own_data_and_prepare_takes_conversations(runs, tmp_path):
     """`tinygpt eval run_dir=<sft run>` reads the conversations the finetune trained on, tokenized
     with its model's tokenizer (not data.tokenizer's default, which it refused as another's data),
+    and scores them as it trained on them (each whole, its replies only: not the prompts),
     and `tinygpt prepare` on a .jsonl of conversations says what it prepared (was a KeyError)."""
     cwd, root, _, sft, _, held_out = runs
     data = {p.name: p.read_bytes() for p in (root / "chats").iterdir()}
@@ -233,6 +234,17 @@ def test_eval_scores_a_chat_finetune_on_its_own_data_and_prepare_takes_conversat
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "on chats val:" in proc.stdout and "perplexity" in proc.stdout
     assert {p.name: p.read_bytes() for p in (root / "chats").iterdir()} == data
+    # scored as the finetune trains: whole conversations that fit its context, their replies only
+    import numpy as np
+
+    from gpt.data.chat import open_chat_split
+
+    val = open_chat_split(root / "chats", json.loads((root / "chats" / "meta.json").read_text()), "val")
+    block = checkpoint.load(latest(sft)).model_config["block_size"]
+    fits = [i for i, n in enumerate(val.lengths()) if n <= block + 1]
+    replies = sum(int(np.sum(val.conversation(i)[1][1:])) for i in fits)
+    assert 0 < replies < sum(len(val.conversation(i)[0]) - 1 for i in fits)
+    assert f"on chats val: {replies:,} reply tokens scored in {len(fits):,} conversations (" in proc.stdout, proc.stdout
     proc = run_script(
         "prepare",
         ["data=local", f"data.source.path={held_out}", "data.name=held_out", "data.tokenizer.kind=byte"],
