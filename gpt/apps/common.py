@@ -206,8 +206,11 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     if parse is not None:  # Hydra's grammar, e.g. a ~ or a space in an unquoted value
         key, _, value = str(parse.override).partition("=")
         if value.startswith("[") and value.endswith("]"):  # a list: each item quoted, not the list (a string then)
-            example = f'"{key}=[{",".join(repr(item.strip()) for item in value[1:-1].split(","))}]"'
-            return f"cannot read {parse.override!r}: Hydra's override grammar does not take these items unquoted; quote each inside the shell's quotes, e.g. {example}"
+            items = ",".join('"' + item.strip().replace('"', '\\"') + '"' for item in value[1:-1].split(","))
+            return (
+                f"cannot read {parse.override!r}: Hydra's override grammar takes an item holding '=' (or other "
+                f"punctuation) only quoted; quote each item, e.g. {_shell_quoted(f'{key}=[{items}]')}"
+            )
         return (
             f"cannot read {parse.override!r}: Hydra's override grammar does not take that value unquoted; quote it "
             f"inside the shell's quotes, e.g. \"{key}='{value}'\""
@@ -238,6 +241,12 @@ def explain(error: Exception, command: str = "tinygpt train") -> str:
     if "Could not load 'hydra/launcher/submitit" in first:  # configs/hydra/launcher/slurm.yaml's plugin
         return f"{first.rstrip('.')}: hydra/launcher=slurm needs the slurm extra: pip install 'tinygpt[slurm]'"
     return first
+
+
+def _shell_quoted(text: str) -> str:
+    """`text` as one word for a POSIX shell, in single quotes: nothing in it ($(...), a backtick)
+    is run by the shell it is typed into (shlex.quote's rule, which leaves some words bare)."""
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _nearest(name: str, node) -> str | None:

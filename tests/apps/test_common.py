@@ -279,25 +279,30 @@ def test_a_refused_start_racing_another_for_its_folders_still_ends_in_one_line(t
 
 
 def test_a_list_typed_unquoted_is_told_how_to_quote_its_items_and_the_hint_runs(tmp_path):
-    """A list setting with spaces in its items, typed as configs/hydra/launcher/slurm.yaml's
-    setup lines are, is refused with an example that quotes each item (quoting the whole list makes
-    a string, which the next error said in OmegaConf's words: 'must be Invalid value assigned');
-    that example, typed as shown, composes the two lines; a string where a list goes says so."""
+    """A list setting whose items hold '=' (configs/hydra/launcher/slurm.yaml's setup lines, and
+    docs/training.md's MASTER_ADDR line with its $(...)), typed unquoted, is refused with an
+    example that quotes each item inside single quotes (quoting the whole list makes a string,
+    which then said 'must be Invalid value assigned'; double quotes outside let the shell run the
+    $(...) as the example was typed); that example, split as a shell splits it, composes the lines
+    as written, an apostrophe included; a string where a list goes says so."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: pip install -e '.[slurm]'")
     import shlex
 
+    import yaml
+
     args = ["--cfg", "hydra", "hydra/launcher=slurm"]
-    typed = run_script(
-        "train.py", [*args, "hydra.launcher.setup=[export SLURM_KILL_BAD_EXIT=1,module load cuda]"], tmp_path, tmp_path
-    )
-    assert_one_line_error(typed)
-    message = typed.stderr.strip()
-    assert "does not take these items unquoted; quote each inside the shell's quotes, e.g. " in message
-    hint = shlex.split(message.rpartition("e.g. ")[2])
-    assert hint == ["hydra.launcher.setup=['export SLURM_KILL_BAD_EXIT=1','module load cuda']"]
-    composed = run_script("train.py", [*args, *hint], tmp_path, tmp_path)
-    assert composed.returncode == 0, composed.stderr[-2000:]
-    assert "setup:\n    - export SLURM_KILL_BAD_EXIT=1\n    - module load cuda\n" in composed.stdout
+    meet = "export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1) MASTER_PORT=29500"
+    for lines in (["export SLURM_KILL_BAD_EXIT=1", "module load cuda"], ["export SLURM_KILL_BAD_EXIT=1", meet, "echo it's=1"]):
+        typed = run_script("train.py", [*args, f"hydra.launcher.setup=[{','.join(lines)}]"], tmp_path, tmp_path)
+        assert_one_line_error(typed)
+        message = typed.stderr.strip()
+        assert "takes an item holding '=' (or other punctuation) only quoted; quote each item, e.g. '" in message
+        hint = shlex.split(message.rpartition("e.g. ")[2])
+        assert len(hint) == 1 and hint[0].startswith('hydra.launcher.setup=["export SLURM_KILL_BAD_EXIT=1",'), hint
+        composed = run_script("train.py", [*args, *hint], tmp_path, tmp_path)
+        assert composed.returncode == 0, composed.stderr[-2000:]
+        setup = yaml.safe_load(composed.stdout)["hydra"]["launcher"]["setup"]
+        assert setup == lines, setup
     string = run_script("train.py", [*args, "hydra.launcher.setup='[a b]'"], tmp_path, tmp_path)
     assert_one_line_error(string)
     assert string.stderr.strip() == "error: hydra.launcher.setup must be a list, e.g. [a,b], got '[a b]'"
