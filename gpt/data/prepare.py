@@ -9,7 +9,9 @@
 
 The files and how they are checked (meta.json as the commit marker, stamps, checksums):
 gpt.data.shards. A crash, Ctrl-C or kill -9 at any moment leaves nothing that passes; the next
-run prepares again from scratch, deterministically, to the same token stream.
+run prepares again from scratch, deterministically, to the same token stream. Earlier prepared
+data there stays until every document is read and tokenized: a failure or a kill before that
+leaves it as it was (the killed run's temporary stream is removed by the next run).
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ def prepare(
     if meta is not None:
         if check:
             check(meta["tokenizer"])
+        _remove_dead_temporaries(out_dir)  # a preparation killed while reading left its stream beside them
         return meta
     other = replacing(out_dir, fp, fp_settings, replace)
 
@@ -181,21 +184,22 @@ def prepare(
         log(other[1])
     created = not out_dir.exists()
     io.writable_dir(out_dir, "set paths.data_dir=<folder> or TINYGPT_DATA_DIR to a folder you can write")
-    if fit_bpe:  # before the old data goes: a BPE that cannot be trained, or is refused, leaves it as it was
-        try:
+    num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
+    try:
+        if fit_bpe:  # before the old data goes: a BPE that cannot be trained, or is refused, leaves it as it was
             tok, documents = _train_bpe(documents, tokenizer_spec, log)
             if check:
                 check(tok.to_dict())
-        except BaseException:
-            if created:  # nor an empty folder where there was none (rmdir: only while it is empty)
-                with contextlib.suppress(OSError):
-                    out_dir.rmdir()
-            raise
-    dtype = token_dtype(tok.vocab_size)
-    num_proc = int(settings.get("num_proc") or os.cpu_count() or 1)
-    doc_lengths, shards, sums, seconds = _tokenize_and_shard(
-        documents, tok, dtype, out_dir, settings, val_fraction, num_proc, progress, total
-    )
+        dtype = token_dtype(tok.vocab_size)
+        doc_lengths, shards, sums, seconds = _tokenize_and_shard(
+            documents, tok, dtype, out_dir, settings, val_fraction, num_proc, progress, total
+        )
+    except BaseException:
+        if created:  # a folder this run made is left as it found the place: without it (rmdir: only while empty)
+            _invalidate(out_dir)
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
     meta = {
         "format": FORMAT_VERSION,
         "fingerprint": fp,

@@ -7,6 +7,7 @@ Run: pytest tests/data/test_prepared_data_kept.py"""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -190,3 +191,33 @@ def test_a_source_failing_mid_way_leaves_the_earlier_preparation_as_it_was(tmp_p
         prepare(failing(), {"kind": "byte"}, out, {**settings, "seed": 4}, log=lambda *a: None)
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # no temporary left either
     assert prepare(docs, {"kind": "byte"}, out, settings, log=lambda *a: None) == first
+
+
+def test_a_failed_preparation_under_a_new_name_leaves_no_folder_and_a_killed_ones_stream_goes(tmp_path):
+    """A preparation under a data.name nothing was prepared under, whose corpus fails part-way,
+    leaves no folder behind (it left an empty one); the temporary stream of a preparation killed
+    while reading (its process gone) is removed by the next run that takes the earlier data,
+    which left it there for good once the old data stayed usable through such a kill."""
+    import subprocess
+    import sys
+
+    from gpt.data.prepare import prepare
+
+    settings = {"identity": "test", "val_fraction": 0.25, "split_by": "documents", "seed": 3, "num_proc": 1}
+    docs = [f"document {i}: " + "some words " * 20 for i in range(8)]
+
+    def failing():
+        yield from docs[:5]
+        raise TinyGPTError("corpus/part.jsonl line 500001: not JSON")
+
+    with pytest.raises(TinyGPTError, match="line 500001"):
+        prepare(failing(), {"kind": "byte"}, tmp_path / "new", settings, log=lambda *a: None)
+    assert not (tmp_path / "new").exists()
+    out = tmp_path / "notes"
+    prepare(docs, {"kind": "byte"}, out, settings, log=lambda *a: None)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, live = out / f"stream.tmp-{int(gone.stdout)}", out / f"stream.tmp-{os.getpid()}"
+    dead.write_bytes(b"\0" * 64)
+    live.write_bytes(b"\0" * 64)  # a process preparing right now: its file stays
+    prepare(docs, {"kind": "byte"}, out, settings, log=lambda *a: None)
+    assert not dead.exists() and live.exists()
