@@ -62,6 +62,7 @@ def test_prepare_is_idempotent(tmp_path):
 def test_prepare_survives_interruption(tmp_path, monkeypatch):
     src = _write_text(tmp_path)
     out = tmp_path / "prep"
+    out.mkdir()  # a folder that was there (one this preparation made goes on failure: test_prepared_data_kept.py)
     reference = prep_char(src, tmp_path / "ref")
 
     real_write = prepare.write_tokens
@@ -89,6 +90,7 @@ def test_prepare_survives_interruption(tmp_path, monkeypatch):
 def test_crash_inside_an_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
     src = _write_text(tmp_path)
     out = tmp_path / "prep"
+    out.mkdir()  # a folder that was there (one this preparation made goes on failure)
 
     def no_rename(src_path, dst_path):
         raise OSError("disk vanished")
