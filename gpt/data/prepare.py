@@ -48,6 +48,7 @@ from gpt.data.shards import (
 from gpt.data.sources import SourceMissing
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
+from gpt.runtime.preemption import end_with
 from gpt.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
 from gpt.tokenizers.bpe import train_bpe, training_sample
 
@@ -59,8 +60,9 @@ _CHUNK_DOCS = 256  # documents per task sent to a worker process
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _init_worker(tok_dict: dict) -> None:
+def _init_worker(tok_dict: dict, parent: int) -> None:
     global _worker_tokenizer
+    end_with(parent)  # a worker of a preparation killed outright ends with it
     # A forked worker inherits the trainer's signal handlers: the pool ends its workers with
     # SIGTERM, which must end them (not raise a clean-stop exception in them: the pool then hangs).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -105,7 +107,7 @@ def encode_documents(docs: Iterable[str], tok: Tokenizer, num_proc: int) -> Iter
     # A window of chunks in flight, read in order. A consumer that stops early (data.max_tokens)
     # leaves at most the window to cancel or finish: multiprocessing.Pool's imap, closed early,
     # hung in terminate() 3 times in 10 on a busy machine (a worker blocked writing its result).
-    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_dict(),)) as pool:
+    with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_dict(), os.getpid())) as pool:
         window: deque = deque()
         try:
             for chunk in _chunks(docs, _CHUNK_DOCS):

@@ -187,6 +187,27 @@ load_data(from_dict(DataSettings, cfg), sys.argv[2], log=lambda *a: None)
 """
 
 
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux: /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running or asleep: not gone, nor a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
 def test_killed_preparation_reruns_to_the_identical_stream(tmp_path):
     corpus = tmp_path / "corpus.txt"
     rng = np.random.default_rng(0)
@@ -200,8 +221,14 @@ def test_killed_preparation_reruns_to_the_identical_stream(tmp_path):
     while not list((root / "big").glob("stream.tmp-*")) and time.time() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)  # well inside the tokenizing pass
+    workers = _children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # its tokenizing workers end with it (they slept on for good, waiting on the pool's queue)
+    deadline = time.time() + 10
+    while [w for w in workers if _alive(w)] and time.time() < deadline:
+        time.sleep(0.05)
+    assert workers and not [w for w in workers if _alive(w)], workers
     ref_meta = json.loads((ref_root / "big" / "meta.json").read_text())
     assert read_meta(root / "big", ref_meta["fingerprint"]) is None  # nothing that passes for complete data
 
