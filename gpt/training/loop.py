@@ -90,18 +90,19 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean loss over `eval_iters` batches per split, averaged over ranks. The batches are the
-        same at every eval (fixed seed), so successive evals compare the model, not the draw."""
-        r = self.run
+        same at every eval (fixed seed), so successive evals compare the model, not the draw; small
+        ones go through a pass `group` at a time (Run.eval_group)."""
+        r, group = self.run, self.run.eval_group
         r.step_model.eval()
         out = {}
         for i, split in enumerate(("train", "val")):
             batches = r.batches_for(split, self.ts.batch_size, seed=r.cfg.seed + 1 + i)
             total = torch.zeros((), device=r.rt.device)
-            for _ in range(self.ts.eval_iters):
-                x, y = batches.next()
+            for _ in range(self.ts.eval_iters // group):
+                x, y = (torch.cat(t) for t in zip(*(batches.next() for _ in range(group))))
                 with r.rt.autocast():
                     _, loss = r.eval_model(x, y)
-                total += loss.float()
+                total += loss.float() * group
             out[split] = distributed.mean(total / self.ts.eval_iters, r.dist).item()
         r.step_model.train()
         return out

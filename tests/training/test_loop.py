@@ -433,3 +433,27 @@ def test_a_stop_right_after_an_eval_saves_once(tmp_path, data_root, monkeypatch)
     with pytest.raises(Preempted):
         Trainer(build_run(compose(overrides, tmp_path))).fit(stop=stop)
     assert saved == []  # ckpt-5, where it resumed from, is not written again
+
+
+def test_small_eval_batches_go_through_one_pass_together_with_the_same_means(tmp_path, data_root, monkeypatch):
+    """An eval's small batches of text are concatenated, up to EVAL_PASS_TOKENS tokens and a
+    divisor of train.eval_iters, into fewer forward passes (the quickstart's 50 in 10 passes of
+    5): the same batches, so the same means as one pass each; conversations go one by one."""
+    from gpt.training import state
+
+    root, data_overrides = data_root
+    run = build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}", "train.eval_iters=6"], tmp_path))
+    trainer = Trainer(run)
+    passes = []
+    run.eval_model.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape))
+    rows, block = run.cfg.train.batch_size, run.model_config.block_size
+    monkeypatch.setattr(state, "EVAL_PASS_TOKENS", 4 * rows * block)  # room for 4; 3 divides 6
+    grouped = trainer.evaluate()
+    assert run.eval_group == 3 and passes == [(3 * rows, block)] * 4  # 2 passes a split
+    passes.clear()
+    monkeypatch.setattr(state, "EVAL_PASS_TOKENS", rows * block)  # room for one: a pass each
+    single = trainer.evaluate()
+    assert run.eval_group == 1 and passes == [(rows, block)] * 12
+    assert all(abs(grouped[s] - single[s]) < 1e-5 for s in ("train", "val")), (grouped, single)
+    monkeypatch.setattr(run.data, "kind", "chat")  # conversations: of other widths, one at a time
+    assert run.eval_group == 1
