@@ -6,6 +6,7 @@ import contextlib
 import os
 import random
 import re
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -180,7 +181,33 @@ def setup(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         reasons.append("TF32 matmuls on")
+    if dev.type == "cpu" and training and local_processes == 1 and keep_freed_memory():
+        reasons.append("freed memory kept for reuse")
     return Runtime(device=dev, dtype=dt, compile=comp, reasons=reasons, threads=chosen)
+
+
+def keep_freed_memory() -> bool:
+    """glibc's malloc told to keep what a training step frees for the next one: blocks up to 32 MB
+    from its heap, not mapped and unmapped each time, and its heap's top never handed back below
+    256 MB. A CPU step allocates and frees the same activations every step; as glibc comes, each
+    came back as fresh pages from the kernel, and the quickstart's process took ~1.5M page faults
+    in a run, 1.4 s of system time in 500 steps (0.4-0.6 s so: benchmarks in docs/performance.md);
+    its peak memory stays the same. Left as it is where the user tuned the allocator (MALLOC_*
+    or GLIBC_TUNABLES, another malloc preloaded) or where glibc is not the C library; one process
+    a machine only (FSDP2's per-block gathers on a CPU are another pattern, not measured so).
+    Returns whether it applied."""
+    import ctypes
+
+    if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES" for k in os.environ):
+        return False
+    if "malloc" in os.environ.get("LD_PRELOAD", ""):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 * 2**20)) and bool(mallopt(m_trim_threshold, 256 * 2**20))
 
 
 def free_memory() -> None:
