@@ -79,15 +79,7 @@ def evaluate_tokens(
                 total_loss += losses[r, first - b :].sum().item()
                 total_tokens += e - first
                 total_bytes += token_bytes(tokenizer, tokens[first + 1 : e + 1].tolist())
-    mean = total_loss / total_tokens
-    return {
-        "tokens": total_tokens,
-        "bytes": total_bytes,
-        "loss": mean,
-        "perplexity": math.exp(mean),
-        "bits_per_byte": total_loss / math.log(2) / max(total_bytes, 1),
-        "stride": stride,
-    }
+    return _figures(total_loss, total_tokens, total_bytes) | {"stride": stride}
 
 
 def split_tokens(shards: list[np.ndarray], max_tokens: int | None) -> np.ndarray:
@@ -136,13 +128,16 @@ def evaluate_conversations(model, split, tokenizer, device, batch_size: int = 16
             break
     if not total_tokens:
         raise TinyGPTError("the conversations hold no replies to score (no trained ids)")
-    mean = total_loss / total_tokens
+    return _figures(total_loss, total_tokens, total_bytes) | {"conversations": used, "left_out": len(split) - len(fits)}
+
+
+def _figures(total_loss: float, tokens: int, n_bytes: int) -> dict:
+    """What a score reports from its summed loss (nats) over `tokens` tokens of `n_bytes` bytes."""
+    mean = total_loss / tokens
     return {
-        "tokens": total_tokens,
-        "bytes": total_bytes,
+        "tokens": tokens,
+        "bytes": n_bytes,
         "loss": mean,
         "perplexity": math.exp(mean),
-        "bits_per_byte": total_loss / math.log(2) / max(total_bytes, 1),
-        "conversations": used,
-        "left_out": len(split) - len(fits),
+        "bits_per_byte": total_loss / math.log(2) / max(n_bytes, 1),
     }
