@@ -175,6 +175,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         log=log,
         progress=progress,
         tasks=tasks,
+        resumed_from=source,
     )
     rows = cfg.train.batch_size * cfg.train.grad_accum_steps * dist.world_size
     log(

@@ -57,6 +57,7 @@ class Run:
     log: Callable[[str], None]  # rank 0 prints; the others are quiet
     progress: Progress = field(default_factory=Progress)  # restored when resuming
     tasks: dict[str, list] = field(default_factory=dict)  # train.eval_tasks' items (gpt.evals.tasks.Example), rank 0
+    resumed_from: Path | None = None  # the checkpoint this start continued from (set-up's choice)
 
     @property
     def ckpt_dir(self) -> Path:

@@ -85,7 +85,6 @@ class Guard:
     trained."""
 
     pending: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (step, 1.0 if skipped)
-    first: int | None = None  # the first step of this start (a resumed run's: one after its checkpoint's)
 
     def settle(self, run: Run, max_bad_steps: int, evaluated: bool = False) -> None:
         """Count the skipped steps since the last read, warn, and stop a diverged run.
@@ -93,7 +92,6 @@ class Guard:
         if not self.pending:
             return
         steps = [s for s, _ in self.pending]
-        self.first = steps[0] if self.first is None else self.first
         verdicts = torch.stack([flag for _, flag in self.pending]).tolist()  # the one host read
         self.pending.clear()
         p = run.progress
@@ -114,23 +112,12 @@ class Guard:
                     if evaluated
                     else "no checkpoint was saved yet (no eval reached yet)"
                 )
-                if last is None and (source := _resumed_from(run, self.first - 1)) is not None:
-                    where += f"; it resumed from {source}"  # another run's: the one to resume from again
+                if last is None and run.resumed_from is not None:
+                    where += f"; it resumed from {run.resumed_from}"  # another run's: the one to resume from again
                 raise TinyGPTError(
                     f"training diverged: {p.bad_in_a_row} non-finite steps in a row at step {step}; "
                     f"{where}; lower optim.lr or train.grad_clip"
                 )
-
-
-def _resumed_from(run: Run, step: int):
-    """The checkpoint a run started with resume=<another run | checkpoint> continued from, at
-    `step` (its newest then: a run folder's ckpt-<step>.pt); None for a fresh run."""
-    from gpt.checkpoints.resume import parse_resume
-
-    given = parse_resume(run.cfg.resume)
-    if step <= 0 or isinstance(given, str):  # auto or never
-        return None
-    return given if given.is_file() else given / runs.CKPT_DIR / runs.step_file(step)
 
 
 def apply_or_skip(run: Run, result: StepResult, guard: Guard) -> None:
