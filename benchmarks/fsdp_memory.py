@@ -3,7 +3,7 @@ gradients and AdamW's two moments that each process holds, for the GPT-2 124M sh
 SmolLM2-360M and 1.7B shapes, at 2 and 4 processes (and 8 for 1.7B).
 
 Counted from the tensors themselves: the model is built, sharded by the same code as a training
-run (gpt.training.sharding.shard), and each process sums the bytes of its own shards. Shapes a
+run (gpt.training.parallel.shard), and each process sums the bytes of its own shards. Shapes a
 CPU cannot hold several times over are built on the meta device (no memory, real shard shapes).
 The GPT-2 124M shape at 2 processes is also trained for one real step on the CPU (batch 1 x 64
 tokens), where what the tensors hold and each process's peak resident memory are measured too.
@@ -42,7 +42,7 @@ def cell(shape: str, mode: str, real: bool) -> None:
     import torch.distributed as dist
 
     from gpt.runtime import devices
-    from gpt.training import sharding
+    from gpt.training import parallel
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -50,8 +50,8 @@ def cell(shape: str, mode: str, real: bool) -> None:
         model = GPT(SHAPES[shape])
     rt = devices.Runtime(torch.device("cpu"), torch.float32, compile=False)
     if mode == "fsdp":
-        model = sharding.shard(model, rt)
-    params = sum(sharding.local(p).numel() for p in model.parameters())
+        model = parallel.shard(model, rt)
+    params = sum(parallel.local(p).numel() for p in model.parameters())
     largest = 0
     if mode == "fsdp":
         # FSDP2's unsharded working set: the largest unit's weights gathered whole for its forward
@@ -83,9 +83,9 @@ def cell(shape: str, mode: str, real: bool) -> None:
         _, loss = step_model(x, x)
         loss.backward()
         opt.step()
-        held = sum(sharding.local(p).numel() for p in model.parameters())
-        held += sum(sharding.local(p.grad).numel() for p in model.parameters() if p.grad is not None)
-        held += sum(sharding.local(v).numel() for s in opt.state.values() for v in s.values() if v.dim() > 0)
+        held = sum(parallel.local(p).numel() for p in model.parameters())
+        held += sum(parallel.local(p.grad).numel() for p in model.parameters() if p.grad is not None)
+        held += sum(parallel.local(v).numel() for s in opt.state.values() for v in s.values() if v.dim() > 0)
         out["held_bytes"] = held * FP32  # counted after a real step: what the tensors hold
         out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     gathered = [None] * dist.get_world_size()

@@ -18,8 +18,9 @@ Shakespeare (its own 49,152-token vocabulary has no tokenizer here): 315M parame
 
 3. With `--new-run`, a new run of that shape from scratch instead (the preset smollm2-135m made
    SmolLM2-360M's shape, over the text's bytes: 316M parameters, 1.18 GiB in fp32), whose
-   initial weights rank 0 built whole before sharding until 2026-12-05 and every process now
-   draws its own shards of (gpt.training.sharding.fill_initial); parts 1 and 2 are skipped.
+   initial weights rank 0 builds whole and scatters to the shards (gpt.training.parallel.
+   load_from_rank_0; from 2026-12-05 to 12-06 every process drew its own shards by replaying the
+   build's fills instead); parts 1 and 2 are skipped.
 
     python benchmarks/fsdp_start_memory.py [--repo PATH] [--data PATH/TO/input.txt] [--new-run]
 """

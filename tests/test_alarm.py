@@ -59,10 +59,12 @@ def _raised_in(filename: str, message: str) -> RuntimeError:
     raise AssertionError("not raised")
 
 
-def test_only_torch_s_own_code_failing_on_a_gone_peer_counts_as_left_alone(monkeypatch):
-    """gloo's error from inside torch (a collective, or DDP's all-reduce in autograd) is the
-    other process's doing; the same words from a hook or a forward torch called are this
-    process's own error, which keeps its traceback."""
+def test_a_collective_cut_short_by_a_gone_peer_counts_as_left_alone(monkeypatch):
+    """gloo's error for a gone peer, from inside torch (a collective, or DDP's all-reduce in
+    autograd) or from compiled code tinygpt called (Muon's Work.wait()), is the other process's
+    doing; any other error is this process's own, which keeps its traceback. (The frames are not
+    examined: a hook of one's own raising gloo's exact words would lose its traceback, a price
+    paid for not reading bytecode to tell.)"""
     from pathlib import Path
 
     monkeypatch.setenv("RANK", "0")
@@ -70,15 +72,7 @@ def test_only_torch_s_own_code_failing_on_a_gone_peer_counts_as_left_alone(monke
     inside = str(Path(torch.__file__).parent / "autograd" / "graph.py")
     gone = "[pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
     assert common._left_alone(_raised_in(inside, gone))
-    layer = torch.nn.Linear(2, 2)  # a hook torch calls: torch's frames below it, the error its own
-    layer.register_forward_pre_hook(lambda module, args: exec(compile(f"raise RuntimeError({gone!r})", "hook.py", "exec")))
-    with pytest.raises(RuntimeError) as hooked:
-        layer(torch.zeros(1, 2))
-    assert not common._left_alone(hooked.value)
     assert not common._left_alone(_raised_in(inside, "CUDA error: an illegal memory access was encountered"))
-    # Muon's wait for its exchange (optim.py): an async collective's Work.wait() is a C++ method,
-    # so the innermost Python frame is tinygpt's, the error compiled code's (here a C++ op that
-    # raises with the words given: the same frames)
     waited = f"import torch\ntorch._assert_async(torch.tensor(False), {gone!r})"
     try:
         exec(compile(waited, str(Path(common.__file__).parent.parent / "training" / "optim.py"), "exec"))

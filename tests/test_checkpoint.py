@@ -17,9 +17,9 @@ import torch
 
 from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
-from gpt.checkpoints.resume import AUTO, NEVER, parse_resume, resumable, resume_source
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
+from gpt.training.claim import AUTO, NEVER, parse_resume, resumable, resume_source
 from helpers import REPO, corrupted_variants
 
 

@@ -109,11 +109,11 @@ def test_a_multirun_compiles_each_job_afresh_and_evaluation_recompiles_nothing(t
     the first reuse it, and the second job compiles as the first did. Without a reset between
     jobs the second's graphs count against dynamo's recompile limit (here 2, as after a few
     jobs at its default of 8) and it silently runs eager."""
-    from gpt.training import setup
+    from gpt.training import build
 
     root, data_overrides = data_root
     counting = CountingCompile()
-    monkeypatch.setattr(setup.torch, "compile", counting)
+    monkeypatch.setattr(build.torch, "compile", counting)
     torch.compiler.reset()
     graphs = []
     with torch._dynamo.config.patch(recompile_limit=2):
@@ -285,12 +285,12 @@ def test_a_compiled_run_resumes_an_eager_checkpoint_and_the_reverse(tmp_path, da
     the floats are the same bit for bit; inductor's would agree within rounding
     (test_compile_true_trains_the_default_model_like_eager)."""
     from gpt.checkpoints import checkpoint, runs
-    from gpt.training import setup
+    from gpt.training import build
     from helpers import ENGINE_RUN, train_recording_losses
 
     root, data_overrides = data_root
     counting = CountingCompile()
-    monkeypatch.setattr(setup.torch, "compile", counting)
+    monkeypatch.setattr(build.torch, "compile", counting)
     torch.compiler.reset()
     overrides = [*ENGINE_RUN, *data_overrides, f"paths.data_dir={root}", "model.dropout=0.1"]
     full = train_recording_losses(compose([*overrides, "compile=false"], tmp_path / "full"))

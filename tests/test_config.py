@@ -29,7 +29,7 @@ from gpt.config import (
 )
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, registry
-from gpt.training.schedule import CosineSchedule
+from gpt.training.optim import CosineSchedule
 
 CONFIGS = config_dir()
 GROUPS = ("model", "data", "optim", "experiment", "debug")

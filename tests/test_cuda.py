@@ -275,7 +275,7 @@ def test_batches_are_copied_from_pinned_memory_without_waiting(monkeypatch):
     real = torch.Tensor.pin_memory
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: pinned.append(t.shape) or real(t, *a, **k))
     windows = RandomWindows(np.arange(5000, dtype=np.uint16), 64, 8, CUDA, seed=0)
-    x, y = windows.next()
+    x = windows.next().x
     tok = ChatTokenizer(ByteTokenizer())
     rendered = [tok.render([{"role": "user", "content": "q" * i}, {"role": "assistant", "content": "a"}]) for i in range(1, 30)]
     split = ChatSplit(
@@ -284,7 +284,7 @@ def test_batches_are_copied_from_pinned_memory_without_waiting(monkeypatch):
         np.concatenate([[0], np.cumsum([len(ids) for ids, _ in rendered])]),
     )
     conversations = ConversationBatches(split, 128, 4, CUDA, seed=0)
-    cx, cy = conversations.next()
+    cx = conversations.next().x
     assert x.is_cuda and cx.is_cuda and len(pinned) == 3  # one window tensor, then x and y of the conversations
     assert cx.size(1) % 64 == 0 or cx.size(1) == 128
 
@@ -332,16 +332,16 @@ def test_a_training_step_skips_a_non_finite_update_without_a_host_sync():
 
 def _fsdp2_losses(shard: bool, offload: bool, steps: int = 6) -> tuple[list[float], set[str]]:
     """`steps` AdamW steps of a tiny GPT under bf16 autocast, as the trainer computes them, sharded
-    by sharding.shard (FSDP2's bf16 mixed precision on CUDA) or whole; the losses, and the devices
+    by parallel.shard (FSDP2's bf16 mixed precision on CUDA) or whole; the losses, and the devices
     the parameters (their local shards) live on."""
     from gpt.runtime import devices
-    from gpt.training import sharding
+    from gpt.training import parallel
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=len(ALPHABET), block_size=32, n_layer=2, n_head=2, n_embd=32))
     model = model if offload else model.to(CUDA)
     if shard:
-        model = sharding.shard(model, devices.Runtime(CUDA, torch.bfloat16, compile=False), offload)
+        model = parallel.shard(model, devices.Runtime(CUDA, torch.bfloat16, compile=False), offload)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x = torch.randint(0, len(ALPHABET), (4, 32), generator=torch.Generator().manual_seed(1)).to(CUDA)
     losses = []
@@ -352,11 +352,11 @@ def _fsdp2_losses(shard: bool, offload: bool, steps: int = 6) -> tuple[list[floa
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return losses, {sharding.local(p).device.type for p in model.parameters()}
+    return losses, {parallel.local(p).device.type for p in model.parameters()}
 
 
 def test_fsdp2_on_one_gpu_trains_as_the_whole_model_with_and_without_cpu_offload(tmp_path):
-    """gpt.training.sharding on CUDA (NCCL for the GPU's tensors, gloo for the host's, as
+    """gpt.training.parallel on CUDA (NCCL for the GPU's tensors, gloo for the host's, as
     distributed.init sets up for cpu_offload, at world size 1): bf16 mixed precision gathers bf16
     weights and reduces fp32 gradients, and the fp32 shards step as the whole model's weights do,
     within bf16's rounding (FSDP2 also runs the norms in bf16, autocast in fp32); with offload

@@ -114,7 +114,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_one_save_and_resumes_bitwise
             tmp_path / "hook",
             "import os, signal\n"
             "if os.environ.get('RANK') == '1':\n"
-            "    import gpt.training.setup as s\n"
+            "    import gpt.training.build as s\n"
             "    real = s.load_data\n"
             "    def load_data(*a, **k):\n"
             "        os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -485,10 +485,10 @@ def test_under_srun_a_peer_killed_outright_stops_rank_0_promptly(tmp_path, data_
         tmp_path / "hooks",
         "import os, signal\n"
         "if os.environ.get('SLURM_PROCID') == '1':\n"
-        "    from gpt.training import setup\n"
+        "    from gpt.training import build\n"
         "    def killed(*args, **kwargs):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    setup._load_data = killed\n",
+        "    build._load_data = killed\n",
     )
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
     args = ["debug=tiny", *data_overrides, "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"]

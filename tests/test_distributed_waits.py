@@ -79,7 +79,7 @@ def test_ddp_neither_broadcasts_buffers_nor_copies_gradients(tmp_path):
 
     from gpt.model import GPT, GPTConfig
     from gpt.runtime.distributed import Dist
-    from gpt.training.setup import _wrap
+    from gpt.training.build import _wrap
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

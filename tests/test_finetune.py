@@ -155,13 +155,6 @@ def test_a_rotary_base_finetunes_at_a_longer_context_and_a_learned_one_is_refuse
     assert "context kept at 16 (finetune.min_block_size=40)" in caplog.text
 
 
-def _started(run_dir, overrides: list[str]) -> list[str]:
-    """Hydra's record of a start from the command line, as it writes it before the run is built."""
-    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    return overrides
-
-
 def test_a_finetune_names_only_the_model_settings_the_command_line_gave(tmp_path, data_root, caplog):
     """The settings a finetune keeps are its base's (and its context the one it was extended to):
     a notice names only the model settings the command line gave that it ignores, at the start
@@ -175,20 +168,22 @@ def test_a_finetune_names_only_the_model_settings_the_command_line_gave(tmp_path
     ft += ["finetune.lora_rank=2", "finetune.min_block_size=40", "optim=adamw"]  # context 16 -> 40, as sft's 64 -> 256
     run_dir = tmp_path / "ft"
     with caplog.at_level("INFO", logger="tinygpt"):
-        train(compose(_started(run_dir, ft), run_dir))
-        train(compose(_started(run_dir, [*ft, "train.max_iters=3"]), run_dir))  # resumed by its run folder
+        train(compose(ft, run_dir), overrides=ft)  # what the command line passes on (gpt.apps.train)
+        longer = [*ft, "train.max_iters=3"]
+        train(compose(longer, run_dir), overrides=longer)  # resumed by its run folder
     assert "ignoring" not in caplog.text and "resuming from" in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="tinygpt"):
-        train(compose(_started(run_dir, [*ft, "train.max_iters=4", "model.n_layer=3"]), run_dir))
+        deeper = [*ft, "train.max_iters=4", "model.n_layer=3"]
+        train(compose(deeper, run_dir), overrides=deeper)
     assert "ignoring model.n_layer=3 (checkpoint: 2)\n" in caplog.text, caplog.text
     caplog.clear()
     given = [*ft, "model.n_layer=8", "model.dropout=0.1", "model.activation_checkpointing=true"]
     with caplog.at_level("INFO", logger="tinygpt"):
-        run = build_run(compose(_started(tmp_path / "new", given), tmp_path / "new"))
+        run = build_run(compose(given, tmp_path / "new"), overrides=given)
     assert "; ignoring model.n_layer=8 (the finetune's: 2)\n" in caplog.text, caplog.text
     caplog.clear()  # the context the finetune extended to (16 -> 40), not the base's, and what sets it
     with caplog.at_level("INFO", logger="tinygpt"):
-        build_run(compose(_started(tmp_path / "new2", [*ft, "model.block_size=64"]), tmp_path / "new2"))
+        build_run(compose([*ft, "model.block_size=64"], tmp_path / "new2"), overrides=[*ft, "model.block_size=64"])
     assert "(its context: finetune.block_size); ignoring model.block_size=64 (the finetune's: 40)\n" in caplog.text
     assert run.model_config.activation_checkpointing and run.model_config.dropout == 0.1 and run.model_config.n_layer == 2

@@ -1,4 +1,4 @@
-"""distributed=fsdp (gpt/training/sharding.py): two CPU processes under torchrun (gloo), each
+"""distributed=fsdp (gpt/training/parallel.py): two CPU processes under torchrun (gloo), each
 holding half of every weight, gradient and optimizer moment, train like one process with twice
 the batch; each writes its own shards of the step checkpoints (gpt/checkpoints/shards.py), which
 resume at 2, 1 and 4 processes and after a kill -9, sample and export.
@@ -65,28 +65,28 @@ def test_a_recurrent_model_from_a_checkpoint_is_refused_in_one_line():
     from gpt.errors import TinyGPTError
     from gpt.model.rnn import RecurrentLM
     from gpt.runtime import devices
-    from gpt.training import sharding
+    from gpt.training import parallel
 
     model = RecurrentLM(RNNConfig(arch="lstm", vocab_size=16))
     with pytest.raises(TinyGPTError, match="this run's model is recurrent: use distributed=ddp"):
-        sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
+        parallel.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
 
 
 def test_cpu_offload_puts_every_unit_under_torchs_offload_policy(tmp_path):
-    """sharding.shard(offload=True): the blocks and the root each offload their shards (in one
+    """parallel.shard(offload=True): the blocks and the root each offload their shards (in one
     process of a gloo group, where FSDP2 runs without torchrun)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
     from gpt.model import GPT, GPTConfig
     from gpt.runtime import devices
-    from gpt.training import sharding
+    from gpt.training import parallel
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         rt = devices.Runtime(torch.device("cpu"), torch.float32, compile=False)
         for offload in (False, True):
-            model = sharding.shard(GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)), rt, offload)
+            model = parallel.shard(GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)), rt, offload)
             units = [m for m in model.modules() if isinstance(m, FSDPModule)]
             policies = [type(u._get_fsdp_state()._fsdp_param_group.offload_policy) for u in units]
             assert len(units) == 3 and all((p is CPUOffloadPolicy) == offload for p in policies)
@@ -103,16 +103,18 @@ def _sample_sharded(rank: int, store: str, out: str) -> None:
     from gpt.model import GPT, GPTConfig
     from gpt.runtime import devices
     from gpt.tokenizers.char import CharTokenizer
-    from gpt.training import sharding
+    from gpt.training import parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         torch.manual_seed(0)
         model = GPT(GPTConfig(vocab_size=16, block_size=32, n_layer=2, n_head=2, n_embd=16))
-        model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False), False)
+        model = parallel.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False), False)
         tokenizer = CharTokenizer(list("abcdefghijklmnop"))
-        texts = generate(model, tokenizer, ["ab"], SamplingSettings(max_new_tokens=24, temperature=1.0, seed=100 + rank))
+        texts = generate(
+            model, tokenizer, ["ab"], SamplingSettings(max_new_tokens=24, temperature=1.0, seed=100 + rank), lockstep=True
+        )
         with open(f"{out}.{rank}", "w") as f:
             f.write(texts[0][0])
     finally:
@@ -141,7 +143,7 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
 
     from gpt.model import GPT, GPTConfig, meta
     from gpt.runtime import devices
-    from gpt.training import sharding
+    from gpt.training import parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -152,8 +154,8 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
         whole = {k: v.clone() for k, v in reference.state_dict().items()} if rank == 0 else {}
         model = GPT(config)
         meta.to_meta(model)
-        model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
-        sharding.materialize(model, torch.device("cpu"))
+        model = parallel.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
+        parallel.materialize(model, torch.device("cpu"))
         largest = [0]
 
         class Allocations(TorchDispatchMode):
@@ -164,23 +166,23 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
                 return result
 
         with Allocations():
-            sharding.load_from_rank_0(model, whole, torch.device("cpu"))
+            parallel.load_from_rank_0(model, whole, torch.device("cpu"))
         rows_match = all(
-            torch.equal(sharding.local(p), reference.state_dict()[name].chunk(world)[rank])
+            torch.equal(parallel.local(p), reference.state_dict()[name].chunk(world)[rank])
             if rank < len(reference.state_dict()[name].chunk(world))
-            else sharding.local(p).numel() == 0
+            else parallel.local(p).numel() == 0
             for name, p in model.state_dict().items()
         )
         # an optimizer state tensor of a whole checkpoint, cut like its parameter: the same pieces, copied
         state = {name: t * 2 + 1 for name, t in reference.state_dict().items()}
-        cuts = {name: sharding.shard_like(state[name], p) for name, p in model.state_dict().items()}
+        cuts = {name: parallel.shard_like(state[name], p) for name, p in model.state_dict().items()}
         cut_match = all(
             isinstance(c, DTensor)
             and c.placements == p.placements
             and torch.equal(
                 c.to_local(), state[name].chunk(world)[rank] if rank < len(state[name].chunk(world)) else c.to_local()
             )
-            and c.to_local().numel() == sharding.local(p).numel()
+            and c.to_local().numel() == parallel.local(p).numel()
             and c.to_local().untyped_storage().data_ptr() != state[name].untyped_storage().data_ptr()
             for (name, c), p in zip(cuts.items(), model.state_dict().values())
         )
@@ -199,149 +201,6 @@ def _load_sharded(rank: int, world: int, store: str, out: str) -> None:
             )
     finally:
         dist.destroy_process_group()
-
-
-class _PartFills(torch.nn.Module):
-    """Initialised the ways a sharded start replays besides whole fills: an embedding's padding
-    row zeroed (a fill of a part), rows drawn again across the shards' cut, a row filled through
-    `.data`, a copy from a host tensor."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(9, 4, padding_idx=0)
-        self.w = torch.nn.Parameter(torch.empty(7, 3))
-        torch.nn.init.normal_(self.w)
-        torch.nn.init.uniform_(self.w[2:5], -3.0, -2.0)
-        self.w.data[6].fill_(3.0)
-        self.c = torch.nn.Parameter(torch.empty(5))
-        with torch.no_grad():
-            self.c.copy_(torch.arange(5.0, device="cpu"))
-
-
-def _draw_sharded(rank: int, world: int, store: str, out: str) -> None:
-    """One of `world` gloo processes, seeded apart as training seeds them: each GPT shape built on
-    the meta device with its fills recorded, sharded, and given its initial values by fill_initial
-    from rank 0's generator state; each writes whether its shards equal the rows of the same model
-    built whole from that state, and whether its generator state afterwards is the one it should
-    be (rank 0's: where a whole build leaves it; the others': their own)."""
-    import json
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-
-    from gpt.model import GPT, GPTConfig, meta
-    from gpt.runtime import devices
-    from gpt.training import sharding
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        shapes = {  # 65 rows: uneven pieces; GPT-2's block (biases, LayerNorm, a tied head) and Llama's
-            "gpt2": GPTConfig(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32),
-            "llama": GPTConfig(
-                vocab_size=65, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, norm="rmsnorm", mlp="swiglu",
-                pos_encoding="rope", bias=False, tie_embeddings=False, qk_norm=True,
-            ),
-        }  # fmt: skip
-        result = {}
-        builders = {name: (lambda c=config: GPT(c)) for name, config in shapes.items()} | {"parts": _PartFills}
-        for name, build in builders.items():
-            torch.manual_seed(1000 + rank)  # per-rank seeds, as training's
-            rng = torch.get_rng_state()
-            rank0_rng = [rng if rank == 0 else None]
-            dist.broadcast_object_list(rank0_rng, src=0)
-            with torch.random.fork_rng(devices=[]):
-                torch.set_rng_state(rank0_rng[0])
-                whole = build().state_dict()
-                after_whole_build = torch.get_rng_state()
-            fills = []
-            with meta.building(fills):
-                model = build()
-            fills = meta.named_fills(model, fills)
-            if isinstance(model, GPT):
-                model = sharding.shard(model, devices.Runtime(torch.device("cpu"), torch.float32, compile=False))
-                sharding.materialize(model, torch.device("cpu"))
-            else:  # (no blocks: one unit)
-                fully_shard(model)
-                model.to_empty(device="cpu")
-            sharding.fill_initial(model, fills, rank0_rng[0])
-            equal = all(
-                torch.equal(sharding.local(p), whole[key].chunk(world)[rank])
-                if rank < len(whole[key].chunk(world))
-                else sharding.local(p).numel() == 0
-                for key, p in model.state_dict().items()
-            )
-            state = torch.get_rng_state()
-            result[name] = {"equal": equal, "rng": torch.equal(state, after_whole_build if rank == 0 else rng)}
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(result, f)
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("world", [2, 3])
-def test_every_process_draws_its_shards_of_a_new_model_as_one_process_draws_the_whole(tmp_path, world):
-    """A new sharded model's initial weights (gpt.training.sharding.fill_initial: each process
-    replays the build's fills on whole tensors, one at a time, and keeps its rows) are bitwise the
-    rows of the same model built whole by one process, for GPT-2's block and Llama's, and for fills
-    of parts of a weight (_PartFills); rank 0's random generator goes on from where that build
-    leaves it, the others keep their own."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_draw_sharded, args=(world, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=world)
-    got = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(world)]
-    assert all(g[shape]["equal"] for g in got for shape in g), got
-    assert all(g[shape]["rng"] for g in got for shape in g), got
-
-
-def test_a_weight_changed_in_place_by_its_construction_is_refused_for_a_sharded_start():
-    """A construction that changes a weight's values in place other than by overwriting them
-    (`.data.mul_`: it reads the values it changes) cannot be replayed shard by shard: refused in
-    one line naming the weight, not started with other values than one process's."""
-    from torch import nn
-
-    from gpt.errors import TinyGPTError
-    from gpt.model import meta
-
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Linear(4, 4)
-            self.a.weight.data.mul_(0.5)
-
-    fills = []
-    with meta.building(fills):
-        model = Scaled()
-    with pytest.raises(TinyGPTError, match=r"^a\.weight: the model's construction changes it in place \(mul_\)"):
-        meta.named_fills(model, fills)
-
-
-def test_a_parameter_no_fill_gives_a_value_is_refused_not_left_uninitialised(tmp_path):
-    """A parameter that torch.nn.init never filled (a value set another way) has no recorded
-    value: a sharded start refuses in one line instead of training on uninitialised memory."""
-    from torch import nn
-
-    from gpt.errors import TinyGPTError
-    from gpt.model import meta
-    from gpt.training import sharding
-
-    class Two(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Linear(4, 4)
-            self.b = nn.Parameter(torch.ones(4))  # not torch.nn.init's: recorded nowhere
-
-    fills = []
-    with meta.building(fills):
-        model = Two()
-    fills = meta.named_fills(model, fills)
-    model.to_empty(device="cpu")
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with pytest.raises(TinyGPTError, match="^b: no initial value recorded for a sharded start"):
-            sharding.fill_initial(model, fills, torch.get_rng_state())
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -376,7 +235,7 @@ def test_load_from_rank_0_sends_each_process_its_rows_only(tmp_path, world):
     ids=["gpt2-block-adamw", "gpt2-block-muon", "llama-adamw", "llama-muon-accumulating", "llama-muon-compiled-recomputing"],
 )
 def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim, extra, tolerance):
-    """20 steps, the same global batch, each process drawing its own shards of the initial weights:
+    """20 steps, the same global batch, the initial weights rank 0's (drawn as one process draws them):
     losses and evals within 1e-5 of one process, with the sample training shows at every eval and at the end computed by both ranks in lockstep; the
     checkpoint holds whole tensors (the same weights as one process's)."""
     root, data = data_root
@@ -404,7 +263,7 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
         assert two.stderr.count("Recompiling function") <= 2, two.stderr[-3000:]
     accum = 2 if "train.grad_accum_steps=2" in extra else 1
     assert "FSDP2 over 2 processes" in two.stdout and f"global batch of {128 * accum}" in two.stdout
-    assert "each process drew only its shards of the initial weights" in two.stdout  # no whole model on rank 0
+    assert "rank 0 built the initial weights and sent each process its shards" in two.stdout
     assert "sample at step 20" in two.stdout and two.stdout.count("sample at step 20") == 1  # rank 0 shows it
     assert len(_metrics(tmp_path / "one", "train")) == 20
     assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= tolerance

@@ -21,7 +21,7 @@ import torch
 from gpt.apps.common import compose
 from gpt.config import AdamWSettings, GPTConfig, MuonSettings, RunConfig
 from gpt.model import registry
-from gpt.training.schedule import CosineSchedule
+from gpt.training.optim import CosineSchedule
 
 RECIPES = ("gpt2_124m", "speedrun_124m")
 GPT2_VOCAB = 50257  # tiktoken gpt2: 50,256 merges and bytes + <|endoftext|>

@@ -169,8 +169,10 @@ def test_the_top_of_gpt_is_the_package_face():
     assert {p.name for p in PACKAGE.glob("*.py")} == FACE
 
 
-@pytest.mark.parametrize("limit", [400])
+@pytest.mark.parametrize("limit", [800])
 def test_no_module_of_the_library_is_a_long_file(limit):
-    """Over ~400 lines a module is usually doing two jobs: split it by job."""
+    """A guideline, not a rule to split by: ~400 lines hints that a module may hold two concerns
+    (STYLE.md), and one concern split over two files to stay under a number reads worse than one
+    file of 500. Twice that is two jobs in one file, whatever they are: split it by job."""
     long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > limit}
     assert not long, f"modules over {limit} lines: {long}"

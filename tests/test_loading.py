@@ -12,11 +12,11 @@ import torch
 from gpt.chat.template import ChatTokenizer
 from gpt.checkpoints import checkpoint, loading, runs
 from gpt.checkpoints.checkpoint import Checkpoint
-from gpt.checkpoints.resume import resumable
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.model.lora import apply_lora
 from gpt.tokenizers import CharTokenizer
+from gpt.training.claim import resumable
 from gpt.training.finetune import add_chat_tokens
 from helpers import export_hf
 
@@ -94,8 +94,8 @@ def test_a_resumable_checkpoint_is_one_whose_weights_fit_and_a_rewritten_one_is_
     """`resumable` builds the checkpoint's model once per look (how often a start looks is the
     claim's business: once, tests/apps/test_train.py); a file rewritten since it was seen to fit
     is refused if it no longer fits."""
-    from gpt.checkpoints import resume
     from gpt.checkpoints.checkpoint import TrainingState
+    from gpt.training import claim as resume
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))

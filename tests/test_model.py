@@ -14,6 +14,7 @@ from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import Decoder
 from gpt.model import GPT, CausalSelfAttention, GPTConfig, KVCache, apply_rope, rope_tables, sinusoidal_table
+from gpt.runtime import devices
 
 
 def tiny(**kw) -> GPTConfig:
@@ -52,19 +53,21 @@ def test_causality(attention):
 
 @pytest.mark.parametrize("T, fp32", [(8, True), (255, True), (256, False)])
 def test_short_attention_runs_in_fp32_under_cpu_bf16_autocast(T, fp32):
-    """torch's CPU flash attention is slow in bf16 at short lengths: below 256 query positions it
-    runs on the upcast inputs (a bf16 result, as autocast would give), from 256 on as autocast says."""
+    """torch's CPU flash attention is slow in bf16 at short lengths: below 256 query positions (a
+    CPU runtime's setting, CPU_FP32_ATTENTION_BELOW) it runs on the upcast inputs (a bf16 result, as
+    autocast would give), from 256 on as autocast says."""
     from gpt.model import attention
+    from gpt.runtime.devices import CPU_FP32_ATTENTION_BELOW as below
 
     g = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(2, 4, T, 32, generator=g).bfloat16() for _ in range(3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = attention._sdpa(q, k, v, is_causal=True)
+        got = attention._sdpa(q, k, v, below=below, is_causal=True)
     in_fp32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).bfloat16()
     in_bf16 = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, in_fp32 if fp32 else in_bf16) and not torch.equal(in_fp32, in_bf16)
-    assert torch.equal(attention._sdpa(q, k, v, is_causal=True), in_bf16)  # no autocast: as given
+    assert torch.equal(attention._sdpa(q, k, v, below=below, is_causal=True), in_bf16)  # no autocast: as given
 
 
 def test_the_model_under_cpu_bf16_autocast_attends_in_fp32_and_computes_in_bf16(monkeypatch):
@@ -81,6 +84,7 @@ def test_the_model_under_cpu_bf16_autocast_attends_in_fp32_and_computes_in_bf16(
 
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
     model = GPT(tiny(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False))
+    devices.Runtime(torch.device("cpu"), torch.bfloat16, compile=False).tune(model)  # as training sets it
     x = torch.randint(0, 64, (2, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, loss = model(x, x)
@@ -122,9 +126,12 @@ def test_queries_and_keys_reach_fp32_attention_without_a_bf16_round_trip(monkeyp
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
     torch.manual_seed(0)
     model = GPT(tiny(norm="rmsnorm", pos_encoding="rope", qk_norm=True, bias=False))
+    rt = devices.Runtime(torch.device("cpu"), torch.bfloat16, compile=False)
+    rt.place(model)  # a CPU's setting: short attention in fp32 (CPU_FP32_ATTENTION_BELOW)
     x = torch.randint(0, 64, (2, 16))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with rt.autocast():
         model(x, x)
+    assert len(seen) == 2
     for q, k in seen:
         assert q.dtype == k.dtype == torch.float32
         assert not torch.equal(q, q.bfloat16().float()) and not torch.equal(k, k.bfloat16().float())
@@ -485,3 +492,29 @@ def test_qkv_bias_alone_and_head_dim_shape_the_projections():
 def test_bad_block_options_are_one_line(kw, match):
     with pytest.raises(TinyGPTError, match=re.escape(match)):
         tiny(**kw)
+
+
+def test_short_attention_runs_in_fp32_only_where_the_runtime_says_so(monkeypatch):
+    """The model itself computes attention in the autocast dtype; a CPU runtime in bf16 sets its
+    attention to fp32 below CPU_FP32_ATTENTION_BELOW positions (Runtime.tune), a float32 one
+    changes nothing."""
+    from gpt.model import attention
+    from gpt.runtime.devices import CPU_FP32_ATTENTION_BELOW
+
+    seen = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attention.F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append(q.dtype) or real(q, k, v, **kw)
+    )
+    model = GPT(tiny())
+    x = torch.randint(0, 64, (1, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert set(seen) == {torch.bfloat16} and all(m.fp32_below == 0 for m in model.modules() if hasattr(m, "fp32_below"))
+    devices.Runtime(torch.device("cpu"), torch.float32, compile=False).tune(model)
+    assert all(m.fp32_below == 0 for m in model.modules() if hasattr(m, "fp32_below"))
+    seen.clear()
+    devices.Runtime(torch.device("cpu"), torch.bfloat16, compile=False).tune(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert set(seen) == {torch.float32} and model.transformer.h[0].attn.fp32_below == CPU_FP32_ATTENTION_BELOW

@@ -10,8 +10,7 @@ from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.model.lora import apply_lora
 from gpt.model.registry import build, config_from_dict
-from gpt.training.optim import Muon, build_optimizer, hidden_matrices, ns_dtype_for, orthogonalize, param_groups
-from gpt.training.schedule import CosineSchedule
+from gpt.training.optim import CosineSchedule, Muon, build_optimizer, hidden_matrices, ns_dtype_for, orthogonalize, param_groups
 
 
 def test_weight_decay_only_on_matrices():

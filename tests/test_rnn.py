@@ -78,3 +78,20 @@ def test_the_recurrence_runs_in_float32_under_bf16_autocast(arch, impl):
     assert logits.dtype == torch.bfloat16  # the head still takes autocast's speed-up
     loss.backward()  # and trains: float32 gradients, finite
     assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.rnn.parameters())
+
+
+@pytest.mark.parametrize("arch", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("impl", ["fused", "explicit"])
+def test_a_float64_recurrent_model_runs_in_float64(arch, impl):
+    """model.double() (a gradient check, a numerics study) runs: the recurrence is at least
+    float32, never cast down from the model's own float64."""
+    torch.manual_seed(0)
+    model = RecurrentLM(RNNConfig(arch=arch, vocab_size=10, n_layer=2, n_embd=6, n_hidden=5, impl=impl)).double()
+    idx = torch.randint(0, 10, (2, 4))
+    state = RNNState()
+    logits, loss = model(idx, targets=idx, cache=state)
+    assert logits.dtype == torch.float64 and loss.dtype == torch.float64 and state.h.dtype == torch.float64
+    logits, _ = model(idx[:, :1], cache=state)  # and from its float64 state
+    assert logits.dtype == torch.float64
+    loss.backward()
+    assert all(p.grad.dtype == torch.float64 for p in model.parameters())

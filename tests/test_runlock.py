@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpt.checkpoints.resume import resume_point
 from gpt.errors import TinyGPTError
 from gpt.runtime import runlock
 from gpt.runtime.runlock import RunLock
+from gpt.training.claim import resume_point
 from helpers import REPO, assert_one_line_error, run_script
 
 
@@ -138,12 +138,12 @@ def test_the_command_line_holds_the_lock_before_hydra_writes(tmp_path, other_pro
     writes anything there, and holds it until the process ends; a start while another process
     holds it is refused with the earlier run's record in place, before anything reads the run."""
     from gpt.apps.train import claim_run_dir
-    from gpt.training import start
+    from gpt.training import claim
 
     monkeypatch.chdir(tmp_path)
     examined = []
     real = resume_point
-    monkeypatch.setattr(start, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
+    monkeypatch.setattr(claim, "resume_point", lambda *a: (examined.append(a), real(*a))[1])
     started = claim_run_dir([f"hydra.run.dir={tmp_path / 'a'}"])
     assert started.pinned == [f"hydra.run.dir='{tmp_path / 'a'}'"] and started.claim.point is not None
     assert json.loads((tmp_path / "a" / runlock.LOCK).read_text())["pid"] == os.getpid()

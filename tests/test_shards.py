@@ -15,9 +15,9 @@ import torch
 from gpt.checkpoints import checkpoint, runs, shards
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
 from gpt.checkpoints.loading import model_from_checkpoint
-from gpt.checkpoints.resume import newest_resumable, resumable
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
+from gpt.training.claim import newest_resumable, resumable
 from helpers import assert_one_line_error, run_script
 
 

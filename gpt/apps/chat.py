@@ -44,7 +44,7 @@ def load_chat_model(s, status: TextIO | None = None):
         raise TinyGPTError(no_template(loaded.source))
     if status is not None:
         print(f"chatting with {loaded.source} ({rt.describe()}); /clear starts again, /exit ends", file=status, flush=True)
-    model = loaded.model.to(rt.device)
+    model = rt.place(loaded.model)
     ready_to_decode(model, rt.compile)
     return model, tokenizer, rt
 

@@ -5,7 +5,6 @@ one-line error for any mistake, and running a command so that a user's mistake e
 
 from __future__ import annotations
 
-import dis
 import functools
 import logging
 import os
@@ -13,7 +12,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from types import TracebackType
 from typing import NoReturn, TypeVar
 
 from hydra.errors import CompactHydraException
@@ -83,25 +81,10 @@ def guard(fn: Callable[[], T]) -> T:
 def _left_alone(error: RuntimeError) -> bool:
     """Whether a collective failed because another process of a distributed run has exited (it
     met a user's mistake first and said so in one line): this one's traceback would bury that
-    line under fifty of torch's. Raised by torch's own code, in torch.distributed or elsewhere
-    (DDP's all-reduce fails inside autograd's backward), or by compiled code called directly (an
-    async collective's Work.wait(), a C++ method, as Muon waits for its exchange); not by a raise
-    in a hook or a model's forward that torch called, which is the process's own error."""
-    torch = sys.modules.get("torch")
-    last = error.__traceback__
-    while last is not None and last.tb_next is not None:
-        last = last.tb_next
-    if torch is None or last is None or world_size() < 2:
-        return False
-    inside = Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(Path(torch.__file__).resolve().parent)
-    return (inside or _raised_by_a_call(last)) and alarm.peer_gone(error)
-
-
-def _raised_by_a_call(tb: TracebackType) -> bool:
-    """Whether the frame's error came out of a call it made into compiled code (which has no
-    Python frame of its own below it), not from a raise statement of its own."""
-    at = next((i for i in dis.get_instructions(tb.tb_frame.f_code) if i.offset == tb.tb_lasti), None)
-    return at is not None and at.opname.startswith("CALL")
+    line under fifty of torch's. Told by gloo's words for a gone peer (gpt.runtime.alarm.PEER_GONE)
+    in a run of several processes: wherever the collective was waited on (torch's own code,
+    autograd's backward, Muon's Work.wait() called from tinygpt's), the words are the same."""
+    return world_size() > 1 and alarm.peer_gone(error)
 
 
 def _log_to_files(message: str) -> list[str]:
@@ -158,7 +141,7 @@ def compose_raw(config_name: str, overrides: list[str], command: str = "tinygpt 
     from omegaconf.errors import OmegaConfBaseException
 
     check_choices(overrides)
-    register_schemas()
+    register_schemas(config_name)
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
@@ -251,12 +234,16 @@ def _shell_quoted(text: str) -> str:
 
 def _nearest(name: str, node) -> str | None:
     """The key of `node` (the config section a mistyped key was looked up in) that `name` most
-    likely meant: a typo's ('max_iter', 'atention', 'trian'), else None."""
+    likely meant: a typo's ('max_iter', 'atention', 'trian'), else the first key it is the first
+    word of (`lora` for `lora_rank`, declared before lora_alpha: too short for difflib's ratio),
+    else None."""
     import difflib
 
     keys = [str(k) for k in node.keys()] if node is not None and hasattr(node, "keys") else []
     found = difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
-    return found[0] if found else None
+    if found:
+        return found[0]
+    return next((k for k in keys if k.startswith(name + "_")), None)
 
 
 def _item_type(cause) -> str | None:

@@ -53,12 +53,12 @@ def evaluate(s: EvalConfig) -> dict:
         tokens, source = _split_tokens(s, loaded)
     if isinstance(tokens, ChatSplit):  # a chat finetune's conversations: its replies, as it trains on them
         with rt.autocast():
-            r = evaluate_conversations(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens)
+            r = evaluate_conversations(rt.place(loaded.model), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens)
         left = f"; {r['left_out']:,} longer than the context left out, as in training" if r["left_out"] else ""
         scored = f"{r['tokens']:,} reply tokens scored in {r['conversations']:,} conversations ({r['bytes']:,} bytes{left})"
     else:
         with rt.autocast():
-            r = evaluate_tokens(loaded.model.to(rt.device), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
+            r = evaluate_tokens(rt.place(loaded.model), tokens, tokenizer, rt.device, s.batch_size, s.max_tokens, s.stride)
         scored = f"{r['tokens']:,} tokens scored ({r['bytes']:,} bytes, stride {r['stride']})"
     figures = f"loss {r['loss']:.4f}, perplexity {r['perplexity']:.2f}, bits per byte {r['bits_per_byte']:.4f}"
     print(f"{loaded.source} on {source}: {scored}: {figures}")
@@ -70,7 +70,7 @@ def _task(s: EvalConfig, loaded, tokenizer, rt) -> dict:
 
     items = examples(s.task, s.paths.data_root())
     with rt.autocast():
-        r = evaluate_task(loaded.model.to(rt.device), tokenizer, s.task.name, items, rt.device, s.batch_size)
+        r = evaluate_task(rt.place(loaded.model), tokenizer, s.task.name, items, rt.device, s.batch_size)
     shown = ", ".join(f"{k} {v:.4f}" for k, v in r.items() if k not in ("task", "items"))
     print(f"{loaded.source} on {s.task.name} ({r['items']:,} items): {shown}")
     return r
@@ -98,7 +98,7 @@ def _split_tokens(s: EvalConfig, loaded):
 
     try:
         # eval reads prepared data: it prepares data that is not there, never over other data
-        # a finetune's conversations were tokenized with its model's tokenizer (gpt.training.setup)
+        # a finetune's conversations were tokenized with its model's tokenizer (gpt.training.build)
         finetuned = loaded.checkpoint is not None and (loaded.checkpoint.config or {}).get("init_from")
         data = load_data(
             data_settings,
@@ -117,7 +117,7 @@ def _split_tokens(s: EvalConfig, loaded):
 
 def _prepare_again(s: EvalConfig, loaded) -> str:
     """How to prepare the data eval was asked for in place of the other (or beside it)."""
-    from gpt.training.start import recorded_overrides
+    from gpt.training.claim import recorded_overrides
 
     ours = recorded_overrides(Path(loaded.source), ("data", "experiment")) if s.data is None and loaded.checkpoint else []
     command = f"`tinygpt prepare {' '.join(ours)}`" if ours else "`tinygpt prepare` and the same data settings"

@@ -5,7 +5,7 @@ Hydra numbers a sweep's job folders (<sweep>/0, 1, ...), so rerunning a sweep in
 folder gives each job the folder of the earlier sweep's job of the same number: the same sweep
 resumes its jobs' runs (documented: rerun a sweep to finish it, or raise train.max_iters to train
 it on), but a sweep with other values would resume, and relabel, runs of other settings. Hydra
-rewrites a job folder's .hydra/ record before the job's code runs: EarlierRecords keeps a copy of
+rewrites a job folder's .hydra/ record before the job's code runs: EarlierRecords (gpt.apps.train) keeps a copy of
 each from the sweep's start, which a refused job puts back.
 """
 
@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from hydra.experimental.callback import Callback
 
 from gpt.apps import common
 from gpt.checkpoints import runs
@@ -58,31 +57,6 @@ def refuse_another_sweeps_run(job_dir: Path, num: int, overrides: list[str]) -> 
         f"{job_dir} holds job {num} of an earlier sweep started with {_differing(was, now)} (this sweep's job {num}: "
         f"{_differing(now, was)}); a sweep job resumes only its own run: pass another hydra.sweep.dir or move {job_dir} away"
     )
-
-
-class EarlierRecords(Callback):
-    """At a sweep's start (configs/hydra/default.yaml), a copy of the .hydra/ record of each run
-    already in the sweep folder, as .hydra-<n>/ beside it: Hydra rewrites a job's record before
-    the job runs, so this is the last moment the earlier run's is there. A refused job puts its
-    copy back (refuse_another_sweeps_run); a job that resumes its run keeps it, as a single run
-    resumed in place keeps its earlier record; at the sweep's end a copy equal to its record (a
-    job this sweep did not run, or ran with the same record) goes."""
-
-    def __init__(self) -> None:
-        self.kept: list[tuple[Path, Path]] = []  # (copy, record)
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        if common.rank() != 0:  # the other ranks' sweep folders are scratch (train.quiet_non_zero_ranks)
-            return
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        records = sorted(sweep_dir.rglob(".hydra")) if sweep_dir.is_dir() else []
-        self.kept = [(_copy_aside(r), r) for r in records if r.is_dir() and runs.has_run(r.parent)]
-
-    def on_multirun_end(self, config, **kwargs) -> None:  # (before the leaderboard's: callbacks end in reverse)
-        for copy, record in self.kept:
-            if copy.is_dir() and record.is_dir() and _same_files(copy, record):
-                shutil.rmtree(copy, ignore_errors=True)
-        self.kept = []
 
 
 def _copy_aside(record: Path) -> Path:

@@ -106,7 +106,7 @@ def sample(
         _check_out_file(Path(s.out_file).expanduser())
     rt = devices.setup(s.device, s.dtype, s.compile, threads=s.threads)
     loaded = loading.load(loading.choose(s.ckpt, s.run_dir, s.init_from, s.paths.runs_dir))
-    model, tokenizer = loaded.model.to(rt.device), loaded.tokenizer()
+    model, tokenizer = rt.place(loaded.model), loaded.tokenizer()
     if hasattr(tokenizer, "unknown_chars"):  # fail before any output, not mid-way
         for p in prompts:
             tokenizer.encode(p)

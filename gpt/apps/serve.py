@@ -99,7 +99,7 @@ def serve(s: ServeConfig) -> None:
         loaded = loading.load(source)
         if getattr(loaded.model, "recurrent", False):
             raise TinyGPTError(f"{source} is a recurrent model; tinygpt serve batches transformers only (use tinygpt sample)")
-        model = loaded.model.to(rt.device)
+        model = rt.place(loaded.model)
         ready_to_decode(model, rt.compile, graphs=2 * COMPILED_SHAPES)  # room to spare for its shapes (Engine.warm_up)
         engine = Engine(model, loaded.tokenizer(), s.max_batch, s.max_queue, autocast=rt.autocast, observe=rt.threads.observe)
         served.append(ServedModel(model_id, engine, engine.tokenizer, model.config.block_size, loaded.source))

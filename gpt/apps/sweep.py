@@ -3,7 +3,7 @@
     tinygpt sweep outputs/sweeps/<stamp>          # or: tinygpt sweep dir=outputs/sweeps/<stamp>
     tinygpt sweep outputs/sweeps/<stamp> rank_by=hellaswag/acc_norm   # by a train.eval_tasks figure
 
-Written automatically when a multirun ends (LeaderboardCallback below, registered in
+Written automatically when a multirun ends (gpt.apps.train.LeaderboardCallback, registered in
 configs/hydra/default.yaml); this command writes them on demand, e.g. while a sweep still runs.
 """
 
@@ -12,14 +12,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from gpt.apps import common
 from gpt.config import SweepConfig
 from gpt.errors import TinyGPTError
-from gpt.tracking import logger
-from gpt.tracking.leaderboard import run_order, write_leaderboard
+from gpt.tracking.leaderboard import write_leaderboard
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,77 +54,6 @@ def _refuse_a_folder_without_jobs(folder: Path) -> None:
     raise TinyGPTError(
         f"{folder} holds no sweep (no job folders, no multirun.yaml); pass the folder of a multirun (outputs/sweeps/<stamp>)"
     )
-
-
-class JobFailure(float):
-    """What a failed job of a sweep whose sweeper must go on (Hydra's basic one) returns: NaN to
-    the sweeper, and why it failed to the sweep's end (LeaderboardCallback), in the job's own
-    return value."""
-
-    reason: str
-
-    def __new__(cls, reason: str) -> JobFailure:
-        failure = super().__new__(cls, "nan")
-        failure.reason = reason
-        return failure
-
-
-class LeaderboardCallback(Callback):
-    """Keeps a multirun's leaderboard current: rewritten as each job ends (an interrupted or
-    killed sweep still has one), and at the end a line on the best run and on the jobs of this
-    sweep that failed (then the exit status is 1). How each job ended is what Hydra hands over as
-    it ends: a JobFailure it returned, or its failure (a sweeper's failed trial, a bug); not read
-    back from folders, which an earlier invocation may have left."""
-
-    def __init__(self) -> None:
-        self.failed: dict[int, str] = {}  # by job number, the jobs of this multirun that ran in this process
-        self.ended: set[int] = set()
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        self.failed.clear()
-        self.ended.clear()
-
-    def on_job_end(self, config, job_return=None, **kwargs) -> None:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.core.utils import JobStatus
-        from hydra.types import RunMode
-
-        hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode != RunMode.MULTIRUN or common.rank() != 0:
-            return
-        num = hydra_cfg.job.num
-        self.ended.add(num)
-        if job_return is not None and job_return.status == JobStatus.FAILED:  # JobFailed, or a bug
-            failure = job_return._return_value  # JobFailed says its job; its reason, without it
-            self.failed.setdefault(num, getattr(failure, "reason", None) or str(failure).splitlines()[0])
-        elif job_return is not None and isinstance(job_return.return_value, JobFailure):
-            self.failed.setdefault(num, job_return.return_value.reason)
-        try:
-            write_leaderboard(hydra_cfg.sweep.dir)
-        except Exception as e:  # a plot or a full disk must not end the sweep
-            logger.warning(f"could not write the leaderboard: {e}")
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        if common.rank() != 0:  # under torchrun the other ranks' sweep folders are scratch (train.quiet_non_zero_ranks)
-            return
-        sweep_dir = Path(config.hydra.sweep.dir)
-        rows = write_leaderboard(sweep_dir)
-        best = next((r for r in rows if r["status"] == "finished" and r["best_val_loss"] is not None), None)
-        if best is not None:
-            print(
-                f"leaderboard: {sweep_dir / 'leaderboard.md'} (best: run {best['run']}, val {best['best_val_loss']:.4f}, {best['overrides']})"
-            )
-        failed, ended = dict(self.failed), self.ended | set(self.failed)
-        if not ended:  # the jobs ran in other processes (SLURM, submitit): their summaries say how they ended
-            failed = {r["run"]: r["error"] or "no reason recorded" for r in rows if r["status"] == "failed"}
-            ended = {r["run"] for r in rows}
-        if failed:
-            first = min(failed, key=lambda num: run_order(str(num)))
-            print(
-                f"error: {len(failed)} of {len(ended)} jobs failed (first: job {first}: {failed[first]}); see {sweep_dir / 'leaderboard.md'}",
-                file=sys.stderr,
-            )
-            sys.exit(1)
 
 
 def search_space(config, trial) -> None:

@@ -13,10 +13,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt.apps import common, jobs, sweep
+from hydra.experimental.callback import Callback
+
+from gpt.apps import common
 from gpt.apps.common import JobFailed
 from gpt.checkpoints import runs
-from gpt.config import RunConfig
 from gpt.config.overrides import override_value
 from gpt.errors import RunRefused, TinyGPTError, one_line
 
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
         # Check everything before Hydra creates a run directory or rewrites an earlier run's
         # record; for a sweep, every value of its comma lists.
         if multirun:
+            from gpt.apps import jobs  # (a sweep's helpers: a single run never reads them)
+            from gpt.training.claim import preflight
+
             common.guard(lambda: jobs.check_sweep("config", own, _COMMAND, then=lambda s, here: preflight(s, here=here)))
         else:
             common.guard(lambda: _refuse_a_search_without_multirun(own))
@@ -79,7 +83,7 @@ def _meet() -> None:
 @dataclass
 class Start:
     """What the command found before Hydra wrote anything, handed to the run it starts: the
-    override that pins Hydra to the run directory, the directory's claim (gpt.training.start:
+    override that pins Hydra to the run directory, the directory's claim (gpt.training.claim:
     lock held, resume point examined), and the earlier run's records kept aside from Hydra's."""
 
     pinned: list[str] = field(default_factory=list)
@@ -90,10 +94,10 @@ class Start:
 def claim_run_dir(overrides: list[str]) -> Start:
     """A single run, before Hydra writes anything: its directory resolved (a `${now:...}` or
     `${optim.lr}` in hydra.run.dir too) and claimed (locked, every check run, where it resumes from
-    examined: gpt.training.start.claim), so that of two starts into one directory exactly one goes
+    examined: gpt.training.claim.claim), so that of two starts into one directory exactly one goes
     on and nothing of the other's run is read or moved meanwhile; then the earlier run's record
     kept aside. Its `pinned` override pins Hydra to the directory resolved."""
-    from gpt.training.start import claim
+    from gpt.training.claim import claim
 
     if common.rank() != 0:  # rank 0 owns the run directory (quiet_non_zero_ranks); the run checks the rest
         return Start()
@@ -135,13 +139,6 @@ def _resolve_run_dir(cfg) -> tuple[Path, list[str]]:
         raise TinyGPTError(f"hydra.run.dir resolves to {resolved!r}, which names no folder; name one")
     run_dir = Path(resolved).expanduser().absolute()
     return run_dir, [f"hydra.run.dir={override_value(str(run_dir))}"]
-
-
-def preflight(settings: RunConfig, run_dir: Path | None = None, here: bool = True):
-    """The checks that need no data (gpt.training.start.preflight)."""
-    from gpt.training.start import preflight as checks
-
-    return checks(settings, run_dir, here)
 
 
 def _refuse_files(overrides: list[str]) -> None:
@@ -192,7 +189,7 @@ def quiet_non_zero_ranks(multirun: bool = False) -> list[str]:
     and its logs (the trainer hands rank 0's directory to the others). In a sweep every rank's
     launcher makes a sweep folder (each rank's own `${now:...}`) and a folder per job: the other
     ranks' go to a scratch folder, removed when the process exits, and only rank 0 writes the
-    leaderboard (sweep.LeaderboardCallback)."""
+    leaderboard (LeaderboardCallback, below)."""
     if common.rank() == 0:
         return []
     quiet = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
@@ -208,7 +205,7 @@ def _hydra_main(argv: list[str], start: Start | None = None) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    common.register_schemas()
+    common.register_schemas("config")
     sys.argv = [sys.argv[0], *argv]
     # Hydra prints an error it catches as a trimmed traceback; unless the user asked for its
     # full ones (HYDRA_FULL_ERROR), let errors reach us and say them in one line. A bug keeps
@@ -275,6 +272,8 @@ def _task(cfg, start: Start | None = None) -> float:
             launcher = "torchrun <its options> train.py" if dist.enabled or dist.launched else _command("train")
             say(after_stop(Path(settings.paths.output_dir), launcher))
             if multirun and dist.is_main:  # the sweep stops here: its leaderboard shows this job too
+                from gpt.apps import sweep
+
                 try:
                     sweep.write_leaderboard(hydra_cfg.sweep.dir)
                 except Exception as e:  # a plot or a full disk must not turn the stop into a failure
@@ -291,9 +290,11 @@ def _task(cfg, start: Start | None = None) -> float:
         mistake, a crash of some library or of tinygpt itself, with its traceback beside it in
         traceback.txt) and the sweep goes on: Hydra's basic sweeper would stop at a raised
         error, so it gets a JobFailure, a NaN that carries the reason to the sweep's end
-        (gpt.apps.sweep.LeaderboardCallback); a sweeper that draws trials (Optuna)
+        (LeaderboardCallback, below); a sweeper that draws trials (Optuna)
         gets JobFailed, a failed trial. Under torchrun the job stops as a single run does: the
         other ranks must not wait in a job that rank 0 has left."""
+        from gpt.apps import jobs
+
         try:
             jobs.refuse_another_sweeps_run(Path(output_dir), hydra_cfg.job.num, overrides)
             return run()
@@ -311,9 +312,9 @@ def _task(cfg, start: Start | None = None) -> float:
 
         devices.free_memory()
         if str(hydra_cfg.sweeper.get("_target_", "")).endswith("basic_sweeper.BasicSweeper"):
-            return sweep.JobFailure(reason)  # NaN to the sweeper; the reason to the sweep's end
+            return JobFailure(reason)  # NaN to the sweeper; the reason to the sweep's end
         failed = JobFailed(f"job {hydra_cfg.job.num} ({' '.join(overrides)}) failed: {reason}")
-        failed.reason = reason  # what the sweep's end says after the job's number (sweep.LeaderboardCallback)
+        failed.reason = reason  # what the sweep's end says after the job's number (LeaderboardCallback, below)
         raise failed
 
     return common.guard(sweep_job if multirun else run)
@@ -347,6 +348,116 @@ def after_stop(run_dir: Path, launcher: str) -> str:
 def _command(name: str) -> str:
     """How the user runs command `name`: as a checkout's script if that is how training started."""
     return f"python {name}.py" if Path(sys.argv[0]).name == "train.py" else f"tinygpt {name}"
+
+
+# --- the multirun's Hydra callbacks (configs/hydra/default.yaml) --------------------------------
+# Hydra makes them for a single run too: what they need is imported when a multirun calls them.
+
+
+class JobFailure(float):
+    """What a failed job of a sweep whose sweeper must go on (Hydra's basic one) returns: NaN to
+    the sweeper, and why it failed to the sweep's end (LeaderboardCallback), in the job's own
+    return value."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> JobFailure:
+        failure = super().__new__(cls, "nan")
+        failure.reason = reason
+        return failure
+
+
+class LeaderboardCallback(Callback):
+    """Keeps a multirun's leaderboard current: rewritten as each job ends (an interrupted or
+    killed sweep still has one), and at the end a line on the best run and on the jobs of this
+    sweep that failed (then the exit status is 1). How each job ended is what Hydra hands over as
+    it ends: a JobFailure it returned, or its failure (a sweeper's failed trial, a bug); not read
+    back from folders, which an earlier invocation may have left."""
+
+    def __init__(self) -> None:
+        self.failed: dict[int, str] = {}  # by job number, the jobs of this multirun that ran in this process
+        self.ended: set[int] = set()
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self.failed.clear()
+        self.ended.clear()
+
+    def on_job_end(self, config, job_return=None, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode != RunMode.MULTIRUN or common.rank() != 0:
+            return
+        num = hydra_cfg.job.num
+        self.ended.add(num)
+        if job_return is not None and job_return.status == JobStatus.FAILED:  # JobFailed, or a bug
+            failure = job_return._return_value  # JobFailed says its job; its reason, without it
+            self.failed.setdefault(num, getattr(failure, "reason", None) or str(failure).splitlines()[0])
+        elif job_return is not None and isinstance(job_return.return_value, JobFailure):
+            self.failed.setdefault(num, job_return.return_value.reason)
+        from gpt.tracking import logger
+        from gpt.tracking.leaderboard import write_leaderboard
+
+        try:
+            write_leaderboard(hydra_cfg.sweep.dir)
+        except Exception as e:  # a plot or a full disk must not end the sweep
+            logger.warning(f"could not write the leaderboard: {e}")
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        if common.rank() != 0:  # under torchrun the other ranks' sweep folders are scratch (train.quiet_non_zero_ranks)
+            return
+        from gpt.tracking.leaderboard import run_order, write_leaderboard
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = write_leaderboard(sweep_dir)
+        best = next((r for r in rows if r["status"] == "finished" and r["best_val_loss"] is not None), None)
+        if best is not None:
+            print(
+                f"leaderboard: {sweep_dir / 'leaderboard.md'} (best: run {best['run']}, val {best['best_val_loss']:.4f}, {best['overrides']})"
+            )
+        failed, ended = dict(self.failed), self.ended | set(self.failed)
+        if not ended:  # the jobs ran in other processes (SLURM, submitit): their summaries say how they ended
+            failed = {r["run"]: r["error"] or "no reason recorded" for r in rows if r["status"] == "failed"}
+            ended = {r["run"] for r in rows}
+        if failed:
+            first = min(failed, key=lambda num: run_order(str(num)))
+            print(
+                f"error: {len(failed)} of {len(ended)} jobs failed (first: job {first}: {failed[first]}); see {sweep_dir / 'leaderboard.md'}",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+
+
+class EarlierRecords(Callback):
+    """At a sweep's start (configs/hydra/default.yaml), a copy of the .hydra/ record of each run
+    already in the sweep folder, as .hydra-<n>/ beside it: Hydra rewrites a job's record before
+    the job runs, so this is the last moment the earlier run's is there. A refused job puts its
+    copy back (refuse_another_sweeps_run); a job that resumes its run keeps it, as a single run
+    resumed in place keeps its earlier record; at the sweep's end a copy equal to its record (a
+    job this sweep did not run, or ran with the same record) goes."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[Path, Path]] = []  # (copy, record)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        if common.rank() != 0:  # the other ranks' sweep folders are scratch (train.quiet_non_zero_ranks)
+            return
+        from gpt.apps.jobs import _copy_aside
+        from gpt.checkpoints import runs
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        records = sorted(sweep_dir.rglob(".hydra")) if sweep_dir.is_dir() else []
+        self.kept = [(_copy_aside(r), r) for r in records if r.is_dir() and runs.has_run(r.parent)]
+
+    def on_multirun_end(self, config, **kwargs) -> None:  # (before the leaderboard's: callbacks end in reverse)
+        from gpt.apps.jobs import _same_files
+
+        for copy, record in self.kept:
+            if copy.is_dir() and record.is_dir() and _same_files(copy, record):
+                shutil.rmtree(copy, ignore_errors=True)
+        self.kept = []
 
 
 if __name__ == "__main__":  # python -m gpt.apps.train, as `tinygpt train`

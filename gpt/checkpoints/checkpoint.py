@@ -31,7 +31,6 @@ from typing import TypeVar
 
 import torch
 
-from gpt.checkpoints import shards
 from gpt.errors import TinyGPTError
 from gpt.runtime.io import atomic_write
 from gpt.version import __version__
@@ -225,6 +224,8 @@ def load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool 
     if not training:
         ckpt.training = None
     if ckpt.shards is not None:
+        from gpt.checkpoints import shards  # (a whole checkpoint's reader never needs DCP)
+
         folder = shards.check(path, ckpt.shards)
         if not mmap:
             ckpt.set_sharded_state(shards.read_whole(folder, ckpt.sharded_state()))

@@ -210,10 +210,14 @@ def is_chat(data: DataSettings, data_root: Path) -> bool:
     data.format=chat says otherwise: guessing would touch the network."""
     if data.format != "auto":
         return data.format == "chat"
-    from gpt.data.chat import is_conversation
     from gpt.data.sources import first_record
 
-    return is_conversation(first_record(data.source, data_root))
+    record = first_record(data.source, data_root)
+    if record is None:  # (text: gpt.data.chat is not needed to say so)
+        return False
+    from gpt.data.chat import is_conversation
+
+    return is_conversation(record)
 
 
 def _load_conversations(

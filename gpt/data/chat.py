@@ -37,6 +37,7 @@ import torch
 
 from gpt.chat.template import NAME as TEMPLATE
 from gpt.chat.template import check_messages, with_template
+from gpt.data.loader import Batch
 from gpt.data.shards import crc32, fingerprint, read_stamps, replacing, stamp, token_dtype, write_stamps
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
@@ -300,9 +301,8 @@ class ConversationBatches:
         self.buckets = [b for b in np.array_split(by_length, max(1, min(length_buckets, len(by_length)))) if len(b)]
         self._weights = torch.tensor([len(b) for b in self.buckets], dtype=torch.float)
         self.padding = 0.0  # the share of the last batch's positions that were padding
-        self.tokens = self.trained = 0  # the last batch's real input tokens, and its trained targets
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> Batch:
         bucket = self.buckets[0]
         if len(self.buckets) > 1:
             bucket = self.buckets[int(torch.multinomial(self._weights, 1, generator=self.generator))]
@@ -316,10 +316,9 @@ class ConversationBatches:
             n = len(ids) - 1
             x[r, :n] = ids[:-1]
             y[r, :n] = np.where(mask[1:] == 1, ids[1:].astype(np.int64), IGNORE)
-        self.tokens = sum(len(ids) - 1 for ids, _ in chosen)  # real input tokens: what tokens/s counts
-        self.trained = int((y != IGNORE).sum())  # what the step weights this batch's loss by
-        self.padding = 1.0 - self.tokens / x.size
-        return self._to_device(x), self._to_device(y)
+        tokens = sum(len(ids) - 1 for ids, _ in chosen)  # real input tokens: what tokens/s counts
+        self.padding = 1.0 - tokens / x.size
+        return Batch(self._to_device(x), self._to_device(y), tokens, trained=int((y != IGNORE).sum()))
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)

@@ -1,9 +1,35 @@
-"""Random training windows from a token array."""
+"""What training draws: a `Batch`, from `Batches` (random windows of tokens here, whole
+conversations in gpt.data.chat)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import numpy as np
 import torch
+
+
+@dataclass
+class Batch:
+    """One micro-batch: inputs `x` (B, T), next-token targets `y` (-1 where nothing is trained:
+    a chat's prompt, padding), the real input tokens it holds (what tokens/s counts) and the
+    targets it trains (what a step weights its loss by; None when every target trains: text)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    tokens: int
+    trained: int | None = None
+
+
+class Batches(Protocol):
+    """A rank's stream of batches, resumable from its state."""
+
+    def next(self) -> Batch: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 class RandomWindows:
@@ -42,7 +68,7 @@ class RandomWindows:
         # Pinned host memory lets the copy to the GPU overlap with compute.
         self._pin = device.type == "cuda"
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> Batch:
         draws = torch.randint(int(self._starts[-1]), (self.global_batch,), generator=self.generator)
         draws = draws[self.rows].numpy()
         if len(self.shards) == 1:
@@ -55,7 +81,8 @@ class RandomWindows:
         if self._pin:
             windows = windows.pin_memory()
         windows = windows.to(self.device, non_blocking=True)
-        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        x = windows[:, :-1].contiguous()
+        return Batch(x, windows[:, 1:].contiguous(), tokens=x.numel())
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

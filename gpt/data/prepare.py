@@ -49,8 +49,7 @@ from gpt.data.sources import SourceMissing
 from gpt.errors import TinyGPTError
 from gpt.runtime import io
 from gpt.runtime.preemption import end_with
-from gpt.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_identity
-from gpt.tokenizers.bpe import train_bpe, training_sample
+from gpt.tokenizers import Tokenizer, tokenizer_from_dict, tokenizer_identity
 
 _CHUNK_DOCS = 256  # documents per task sent to a worker process
 
@@ -179,6 +178,8 @@ def prepare(
         ) from None
     if fit_chars:  # the alphabet is fitted on the whole corpus first, in memory: checked before anything is written
         documents = list(documents)
+        from gpt.tokenizers.char import CharTokenizer
+
         tok = CharTokenizer.fit("".join(documents))
         if check:
             check(tok.to_dict())
@@ -247,6 +248,8 @@ def _open(documents: Iterable[str], max_docs) -> tuple[Iterable[str], int | None
 def _train_bpe(documents: Iterable[str], spec: dict, log) -> tuple[Tokenizer, Iterable[str]]:
     """A byte-level BPE trained on the corpus' first documents; the documents, those included."""
     caps = spec.get("train_docs"), spec.get("train_bytes")
+    from gpt.tokenizers.bpe import train_bpe, training_sample  # (prepared data trains none)
+
     sample = training_sample(documents, *caps)
     tok = train_bpe(sample, spec["vocab_size"], *caps)
     short = tok.vocab_size < spec["vocab_size"]

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt.config import SourceSettings
-from gpt.data.download import ensure_file
 from gpt.errors import TinyGPTError
 
 LOCAL_SUFFIXES = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -117,6 +116,8 @@ def prepared_from(src: SourceSettings, identity: str) -> bool:
 
 
 def _url_documents(src: SourceSettings, data_root: Path, log) -> Iterator[str]:
+    from gpt.data.download import ensure_file  # (prepared data never downloads)
+
     path = ensure_file(src.url, data_root / src.filename, src.sha256, log=log)
     yield path.read_text(encoding="utf-8")
 
@@ -355,6 +356,8 @@ def _local_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
 
 
 def _url_records(src: SourceSettings, data_root: Path, log) -> Iterator[dict]:
+    from gpt.data.download import ensure_file
+
     path = ensure_file(src.url, data_root / src.filename, src.sha256, log=log)
     if path.suffix != ".jsonl":
         raise TinyGPTError(f"{path}: records are read from .jsonl files; download a .jsonl or use data.source.kind=hub")

@@ -28,8 +28,11 @@ def parse(record: dict) -> ChatItem:
     return ChatItem(tuple(messages[:-1]), str(messages[-1]["content"]), record.get("skill"))
 
 
-def evaluate_chat(model, tokenizer, items: list[ChatItem], device, batch_size: int = 16, name: str = "chat") -> dict:
-    """{"acc", "acc/<skill>"..., "items"}; the replies are generated greedily, in batches."""
+def evaluate_chat(
+    model, tokenizer, items: list[ChatItem], device, batch_size: int = 16, name: str = "chat", lockstep: bool = False
+) -> dict:
+    """{"acc", "acc/<skill>"..., "items"}; the replies are generated greedily, in batches (`lockstep`:
+    by every process of a sharded model together, gpt.generation.generate)."""
     from gpt.generation import generate
 
     if not hasattr(tokenizer, "prompt"):
@@ -42,7 +45,10 @@ def evaluate_chat(model, tokenizer, items: list[ChatItem], device, batch_size: i
     settings = SamplingSettings(max_new_tokens=longest + 8, temperature=0.0)
     replies: list[str] = []
     for start in range(0, len(items), batch_size):
-        replies += [r[0] for r in generate(model, tokenizer, prompts[start : start + batch_size], settings, device=device)]
+        replies += [
+            r[0]
+            for r in generate(model, tokenizer, prompts[start : start + batch_size], settings, device=device, lockstep=lockstep)
+        ]
     right = [reply.strip() == item.answer.strip() for reply, item in zip(replies, items)]
     result: dict = {"task": name, "items": len(items), "acc": sum(right) / len(items)}
     for skill in sorted({item.skill for item in items if item.skill}):

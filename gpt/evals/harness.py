@@ -58,7 +58,7 @@ class TinyGPTLM(LM):
         rt = devices.setup(str(device), "float32", False, threads=threads)
         loaded = loading.load(source(pretrained), dropout=0.0)
         print(f"tinygpt: {loaded.source}; {rt.describe()}", file=sys.stderr)
-        self.model = loaded.model.to(rt.device)
+        self.model = rt.place(loaded.model)
         self.tokenizer = loaded.tokenizer()
         self._device = rt.device
         self.batch_size = _batch_size(batch_size, max_batch_size)

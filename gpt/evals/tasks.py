@@ -228,14 +228,16 @@ def requests(tokenizer, name: str, items: list[Example]) -> tuple[list[tuple[lis
     return out, owners
 
 
-def evaluate_task(model, tokenizer, name: str, items: list[Example], device, batch_size: int = 16) -> dict:
+def evaluate_task(
+    model, tokenizer, name: str, items: list[Example], device, batch_size: int = 16, lockstep: bool = False
+) -> dict:
     """Accuracy (both normalisations, or greedy match and perplexity for a cloze task; replies
     matched exactly for a chat task) over the items."""
     task = task_of(name)
     if task.generate:
         from gpt.evals.chat import evaluate_chat
 
-        return evaluate_chat(model, tokenizer, items, device, batch_size, name)
+        return evaluate_chat(model, tokenizer, items, device, batch_size, name, lockstep)
     pairs, owners = requests(tokenizer, name, items)
     scores = score(model, pairs, device, batch_size)
     per_item: list[list] = [[] for _ in items]

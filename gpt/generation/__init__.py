@@ -68,7 +68,7 @@ def ready_to_decode(model, compile: bool, graphs: int | None = None) -> None:
 
 
 def _generate_rows(
-    model, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int, device=None
+    model, tokenizer, prompts: list[str | list[int]], cfg: SamplingSettings, num_samples: int, device=None, lockstep=False
 ) -> Iterator[tuple[int, str]]:
     """Yield (row, new text) pieces as rows progress. Row r is sample r % num_samples of prompt
     r // num_samples and draws from seed cfg.seed + r % num_samples, so results do not depend
@@ -78,7 +78,7 @@ def _generate_rows(
     encoded = [encode_prompt(tokenizer, p, block) for p in prompts]
     row_prompts = [ids for ids in encoded for _ in range(num_samples)]
     seeds = [cfg.seed + s for _ in encoded for s in range(num_samples)]
-    decoder = Decoder(model, row_prompts, cfg, seeds, device)
+    decoder = Decoder(model, row_prompts, cfg, seeds, device, lockstep)
     rows = [TextStream(tokenizer, cfg.stop, cfg.stop_at_eot) for _ in row_prompts]
 
     was_training = model.training
@@ -122,12 +122,14 @@ def generate(
     cfg: SamplingSettings,
     num_samples: int = 1,
     device: torch.device | None = None,
+    lockstep: bool = False,
 ) -> list[list[str]]:
     """Continuations of each prompt (text, or ids): result[i][j] is sample j of prompts[i].
     `device`: where the model computes, where that is not where its weights are (FSDP2 with CPU
-    offload keeps them in host memory); by default, its weights' device."""
+    offload keeps them in host memory); by default, its weights' device. `lockstep`: every
+    process of a sharded model decodes together, taking rank 0's tokens (gpt.training.parallel)."""
     texts = [""] * (len(prompts) * num_samples)
-    for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples, device):
+    for r, piece in _generate_rows(model, tokenizer, prompts, cfg, num_samples, device, lockstep):
         texts[r] += piece
     return [texts[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 

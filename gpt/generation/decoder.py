@@ -4,7 +4,6 @@ for recurrent models, their carried state)."""
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import torch
 import torch.distributed as dist
@@ -26,7 +25,13 @@ class Decoder:
     """
 
     def __init__(
-        self, model: GPT, prompts: list[list[int]], cfg: SamplingSettings, seeds: list[int], device: torch.device | None = None
+        self,
+        model: GPT,
+        prompts: list[list[int]],
+        cfg: SamplingSettings,
+        seeds: list[int],
+        device: torch.device | None = None,
+        lockstep: bool = False,
     ):
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -40,12 +45,12 @@ class Decoder:
         rows = [[0] * (width - len(p)) + list(p) for p in prompts]
         self.tokens = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, columns so far)
         self.generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
-        # A sharded model (FSDP2) computes only with every process taking part, so every process
+        # `lockstep`: the model computes only with every process taking part (a sharded one), so every process
         # must run the same forwards: each step's tokens (and finite flags) are rank 0's. Equal
         # weights, prompts and seeds would give equal tokens anyway; this keeps a rounding
         # difference between two devices from ending one process's rows sooner, which would
         # leave the others waiting in an all-gather it never joins.
-        self.lockstep = _sharded(model) and dist.is_available() and dist.is_initialized()
+        self.lockstep = lockstep and dist.is_available() and dist.is_initialized()
         self.cache: KVCache | None = None
         self.offset = 0  # column of self.tokens where the cache's column 0 sits
         self.seen = torch.zeros(len(prompts), model.config.vocab_size, dtype=torch.bool, device=self.device)
@@ -173,10 +178,3 @@ def _fresh(columns: torch.Tensor) -> torch.Tensor:
     as contiguous), and a compiled model guards on its inputs' strides: it would recompile for
     every token until it gave up and ran eagerly."""
     return columns.clone(memory_format=torch.contiguous_format)
-
-
-def _sharded(model) -> bool:
-    """Whether `model` is sharded by FSDP2, without importing FSDP where nothing did (sample.py
-    starts faster without it): a model it sharded was made where it was imported."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    return fsdp is not None and isinstance(model, fsdp.FSDPModule)

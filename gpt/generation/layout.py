@@ -18,8 +18,6 @@ layout). Training keeps nn.Linear's layout: this is for a model that only decode
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn as nn
 
@@ -32,12 +30,9 @@ def input_major(model: nn.Module) -> int:
     were re-laid (0 when there is nothing to do: a GPU model, or one laid out already)."""
     moved = 0
     seen: set[int] = set()
-    # A sharded (FSDP2) weight is a DTensor, left as it is; torch.distributed.tensor is not
-    # imported for the check where nothing did (sample.py starts faster without it).
-    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", ())
     for module in model.modules():
         w = getattr(module, "weight", None) if isinstance(module, nn.Linear) else None
-        if not isinstance(w, nn.Parameter) or id(w) in seen or isinstance(w, dtensor):
+        if not isinstance(w, nn.Parameter) or id(w) in seen:
             continue
         seen.add(id(w))
         # a single row or column is the same in either layout (and would count as re-laid again)

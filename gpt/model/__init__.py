@@ -21,7 +21,6 @@ from a notebook, a test or another framework.
 
 from gpt.config.model import ATTENTION_IMPLS, MLPS, NORMS, POS_ENCODINGS, GPTConfig
 from gpt.model.attention import CausalSelfAttention
-from gpt.model.cache import KVCache
 from gpt.model.gpt import GPT, Block, next_token_loss
 from gpt.model.layers import MLP, RMSNorm, SwiGLU, apply_rope, make_mlp, make_norm, rope_tables, sinusoidal_table
 
@@ -45,3 +44,11 @@ __all__ = [
     "rope_tables",
     "sinusoidal_table",
 ]
+
+
+def __getattr__(name: str):
+    if name == "KVCache":  # decoding's: a training run never loads it
+        from gpt.model.cache import KVCache
+
+        return KVCache
+    raise AttributeError(f"module 'gpt.model' has no attribute {name!r}")

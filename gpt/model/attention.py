@@ -4,14 +4,17 @@ cache (gpt.model.cache) when generation runs one position at a time."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.config.model import GPTConfig
-from gpt.model.cache import KVCache
 from gpt.model.layers import apply_rope, make_norm
+
+if TYPE_CHECKING:  # only decoding makes a cache
+    from gpt.model.cache import KVCache
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,6 +31,9 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.capture = False  # set by GPT.attention_maps: keep the attention weights
         self.last_weights: torch.Tensor | None = None
+        # Query lengths below which attention runs in fp32 under autocast: a setting of the device
+        # the model runs on (gpt.runtime.devices.Runtime.place), 0 (never) in the model itself.
+        self.fp32_below = 0
         # Q=XWq, K=XWk, V=XWv computed as one matmul with the three weights stacked. With
         # grouped-query attention K and V have fewer heads than Q (a smaller KV cache).
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
@@ -64,7 +70,7 @@ class CausalSelfAttention(nn.Module):
         # ~3% shorter, 5 alternated pairs); else the compute dtype (the norm computes in fp32, and
         # an fp32 K would make the KV cache fp32 and be re-cast at every generated token).
         fused = self.impl == "sdpa" and not self.capture  # the explicit path's matmuls autocast to bf16 anyway
-        dtype = torch.float32 if fused and cache is None and _upcast(q) else v.dtype
+        dtype = torch.float32 if fused and cache is None and _upcast(q, self.fp32_below) else v.dtype
         if self.q_norm is not None:  # before the rotation: it scales a head's vector, RoPE turns it
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.to(dtype), k.to(dtype)
@@ -82,6 +88,7 @@ class CausalSelfAttention(nn.Module):
                 v,
                 attn_mask=mask,
                 is_causal=mask is None,
+                below=self.fp32_below,
                 dropout_p=self.dropout if self.training else 0.0,
                 enable_gqa=grouped,  # reads each K/V head for its group in place, no copy
             )
@@ -108,22 +115,16 @@ class CausalSelfAttention(nn.Module):
         return self.attn_dropout(weights) @ v
 
 
-# Below this many query positions, a CPU computes attention in fp32 even under bf16 autocast:
-# torch's CPU flash attention is slower in bf16 there (forward+backward at batch 12, 4 heads of 32,
-# 64 positions: 4.3 ms against fp32's 0.9; 256 positions of 64-wide heads: even; 1024: bf16 ~30%
-# faster). Autocast offers no per-op opt-out, hence the branch.
-CPU_FP32_ATTENTION_BELOW = 256
+def _upcast(q: torch.Tensor, below: int) -> bool:
+    """Whether attention over these queries (B, T, heads, head_dim) runs in fp32 under autocast
+    (`below`: CausalSelfAttention.fp32_below). The length is read last: compiled, reading it puts a
+    guard on it, and so a graph of its own for `below` positions and more (tinygpt serve
+    compile=true warms up each shape it may take)."""
+    return below > 0 and q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and q.size(1) < below
 
 
-def _upcast(q: torch.Tensor) -> bool:
-    """Whether attention over these queries (B, T, heads, head_dim) runs in fp32 under autocast.
-    The length is read last: compiled, reading it puts a guard on it, and so a graph of its own
-    for 256 positions and more (tinygpt serve compile=true warms up each shape it may take)."""
-    return q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and q.size(1) < CPU_FP32_ATTENTION_BELOW
-
-
-def _sdpa(q, k, v, **kw) -> torch.Tensor:
-    if _upcast(q.transpose(1, 2)):
+def _sdpa(q, k, v, below: int = 0, **kw) -> torch.Tensor:
+    if _upcast(q.transpose(1, 2), below):
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kw).to(v.dtype)
     return F.scaled_dot_product_attention(q, k, v, **kw)

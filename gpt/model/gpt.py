@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -12,17 +13,21 @@ from torch.utils.checkpoint import checkpoint
 from gpt.config.model import GPTConfig
 from gpt.errors import TinyGPTError
 from gpt.model.attention import CausalSelfAttention
-from gpt.model.cache import KVCache
 from gpt.model.layers import make_mlp, make_norm, rope_tables, sinusoidal_table
+
+if TYPE_CHECKING:  # only decoding makes a cache
+    from gpt.model.cache import KVCache
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
     """Mean cross-entropy of logits (B, T, V) against targets (B, T), over the targets that are
     not -1 (positions a finetune does not train: a chat's prompt, padding); None without targets.
-    Upcast first: under bf16/fp16 autocast a low-precision softmax over the vocab is lossy."""
+    Upcast first (to float32 at least: a float64 model keeps float64): under bf16/fp16 autocast a
+    low-precision softmax over the vocab is lossy."""
     if targets is None:
         return None
-    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
 def _head_loss_sum(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, vocab: int, softcap: float | None) -> torch.Tensor:
@@ -96,7 +101,7 @@ class GPT(nn.Module):
     def fixed_tables(self) -> dict[str, torch.Tensor]:
         """The position tables (sinusoidal, or RoPE's cos and sin) by buffer name, computed from the
         config: at construction, and again for a model built on the meta device once it has memory
-        (gpt.training.sharding.materialize), since a buffer is not in any checkpoint."""
+        (gpt.training.parallel.materialize), since a buffer is not in any checkpoint."""
         c = self.config
         if c.pos_encoding == "sinusoidal":
             return {"pos_table": sinusoidal_table(c.block_size, c.n_embd)}

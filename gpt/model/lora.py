@@ -21,7 +21,9 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
         self.lora_B = nn.Parameter(torch.empty(base.out_features, rank, device=base.weight.device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_B)  # starts as a no-op (torch.nn.init's fill: see gpt.model.meta.named_fills)
+        nn.init.zeros_(
+            self.lora_B
+        )  # starts as a no-op (torch.nn.init's fill: skipped on the meta device, gpt.model.meta.building)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,10 +61,6 @@ def merge_lora(model: nn.Module) -> nn.Module:
             parent, attr = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
             setattr(parent, attr, module.merged())
     return model
-
-
-def has_lora(state_dict: dict) -> bool:
-    return any(".lora_A" in k for k in state_dict)
 
 
 def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

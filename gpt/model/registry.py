@@ -10,7 +10,6 @@ import torch.nn as nn
 from gpt.config.model import ARCHS, GPTConfig, RNNConfig, config_from_dict, depth_shape
 from gpt.errors import TinyGPTError
 from gpt.model import GPT
-from gpt.model.rnn import RecurrentLM
 
 __all__ = ["ARCHS", "build", "config_from_dict", "config_to_dict", "depth_shape", "summary", "with_vocab"]
 
@@ -34,7 +33,11 @@ def config_to_dict(config: GPTConfig | RNNConfig) -> dict:
 
 
 def build(config: GPTConfig | RNNConfig) -> nn.Module:
-    return RecurrentLM(config) if isinstance(config, RNNConfig) else GPT(config)
+    if isinstance(config, RNNConfig):
+        from gpt.model.rnn import RecurrentLM  # (a GPT's run never reads the recurrent models)
+
+        return RecurrentLM(config)
+    return GPT(config)
 
 
 def summary(config: GPTConfig | RNNConfig) -> str:

@@ -115,19 +115,20 @@ class RecurrentLM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T). With `cache`, start from its state and leave the final state in it."""
         x = self.drop(self.embedding(idx))
+        dtype = torch.promote_types(self.embedding.weight.dtype, torch.float32)
         initial = None
         if cache is not None and cache.h is not None:
-            initial = (cache.h.float(), cache.c.float()) if self.config.arch == "lstm" else cache.h.float()
-        # The recurrence runs in float32 whatever the autocast: autocast sends cuDNN's fused RNNs
+            initial = (cache.h.to(dtype), cache.c.to(dtype)) if self.config.arch == "lstm" else cache.h.to(dtype)
+        # The recurrence runs in at least float32 whatever the autocast (a float64 model in float64): autocast sends cuDNN's fused RNNs
         # to fp16 even under bf16 autocast (aten/src/ATen/cudnn/AutocastRNN.cpp hard-codes kHalf),
         # with no GradScaler to keep small gradients from underflowing, and it would run the
         # explicit steps' matmuls in bf16; either way the rounding compounds over every time step.
         # It is a small share of the work; the LM head below still runs in the autocast dtype.
         with torch.autocast(x.device.type, enabled=False):
             if self.config.impl == "fused":
-                out, final = self.rnn(x.float(), initial)
+                out, final = self.rnn(x.to(dtype), initial)
             else:
-                out, final = self._explicit(x.float(), initial)
+                out, final = self._explicit(x.to(dtype), initial)
         if cache is not None:
             cache.h, cache.c = final if self.config.arch == "lstm" else (final, None)
         if last_only:

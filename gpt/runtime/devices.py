@@ -18,6 +18,15 @@ from gpt.runtime.threads import Threads
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# Below this many query positions, a CPU computes attention in fp32 even under bf16 autocast:
+# torch's CPU flash attention is slower in bf16 there. Forward+backward at batch 12, 4 heads of 32,
+# 64 positions: 3.9 ms against fp32's 1.2 (torch 2.13, 2 cores; 3 heads of 16, the quickstart's:
+# 3.9 against 1.0); 128 positions of 64-wide heads: 19.8 against 11.0; 256: 28.7 against 26.5,
+# even; 1024: bf16 18% faster (python benchmarks/cpu_attention.py). Autocast offers no per-op
+# opt-out, hence a setting the model's attention reads (Runtime.tune).
+CPU_FP32_ATTENTION_BELOW = 256
+
+
 @dataclass
 class Runtime:
     device: torch.device
@@ -30,6 +39,26 @@ class Runtime:
     def use_grad_scaler(self) -> bool:
         # fp16 has too little range for small gradients; bf16 has fp32's range and needs no scaling.
         return self.dtype == torch.float16
+
+    @property
+    def fp32_attention_below(self) -> int:
+        """Query lengths below which attention runs in fp32 under this runtime's autocast: on a
+        CPU in bf16, CPU_FP32_ATTENTION_BELOW; elsewhere 0 (never)."""
+        return CPU_FP32_ATTENTION_BELOW if self.device.type == "cpu" and self.dtype != torch.float32 else 0
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` on this device, with the device's settings for its kernels (`tune`): what every
+        command does to a model before it runs it."""
+        model = model.to(self.device)
+        self.tune(model)
+        return model
+
+    def tune(self, model: torch.nn.Module) -> None:
+        """This device's settings for the model's kernels, on the modules that take them: the
+        attention precision (`fp32_attention_below`, CausalSelfAttention.fp32_below)."""
+        for module in model.modules():
+            if hasattr(module, "fp32_below"):
+                module.fp32_below = self.fp32_attention_below
 
     def autocast(self):
         if self.dtype == torch.float32:

@@ -30,8 +30,8 @@ from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError
 from gpt.generation import TextStream, decode_kernels, next_tokens
 from gpt.model import GPT
-from gpt.model.attention import CPU_FP32_ATTENTION_BELOW
 from gpt.model.cache import KVCache
+from gpt.runtime.devices import CPU_FP32_ATTENTION_BELOW
 
 logger = logging.getLogger("tinygpt")
 
@@ -148,7 +148,7 @@ class Engine:
         one row or several (dynamo specialises sizes of 1), each with a prompt of one token or of
         more (a window a row past the context re-encodes is one of these: see gpt.model.cache.SPARE), and the
         one-token steps after a prompt: 6. Under bf16 autocast on a CPU, attention over 256 positions
-        or more is another branch (gpt.model.attention.CPU_FP32_ATTENTION_BELOW), so with a context
+        or more is another branch (gpt.runtime.devices.CPU_FP32_ATTENTION_BELOW), so with a context
         that long, prompts of 256 tokens too: 8 (COMPILED_SHAPES). The counters start from zero
         again after it."""
         t0 = time.perf_counter()

@@ -15,16 +15,11 @@ rebuilds exactly the tokenizer the model was trained with and needs nothing else
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Protocol
 
-from gpt.chat.template import with_template
 from gpt.errors import TinyGPTError
-from gpt.tokenizers.bpe import TrainedBPE
-from gpt.tokenizers.byte import ByteTokenizer
-from gpt.tokenizers.char import CharTokenizer
-from gpt.tokenizers.hf import HFTokenizer
-from gpt.tokenizers.tiktoken import GPT2_EOT, TIKTOKEN_NAMES, TiktokenTokenizer
 
 __all__ = [
     "GPT2_EOT",
@@ -59,7 +54,24 @@ class Tokenizer(Protocol):
     def to_dict(self) -> dict: ...
 
 
-_KINDS = {"char": CharTokenizer, "byte": ByteTokenizer, "tiktoken": TiktokenTokenizer, "bpe": TrainedBPE, "hf": HFTokenizer}
+# Each kind's module is imported when a tokenizer of that kind is first made or named: a run on
+# bytes reads neither tiktoken's nor tokenizers' wrappers.
+_KINDS = {
+    "char": ("char", "CharTokenizer"), "byte": ("byte", "ByteTokenizer"), "tiktoken": ("tiktoken", "TiktokenTokenizer"),
+    "bpe": ("bpe", "TrainedBPE"), "hf": ("hf", "HFTokenizer"),
+}  # fmt: skip
+_NAMES = {cls: module for module, cls in _KINDS.values()} | {"GPT2_EOT": "tiktoken", "TIKTOKEN_NAMES": "tiktoken"}
+
+
+def _kind(kind: str) -> type:
+    module, cls = _KINDS[kind]
+    return getattr(importlib.import_module(f"gpt.tokenizers.{module}"), cls)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"gpt.tokenizers.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'gpt.tokenizers' has no attribute {name!r}")
 
 
 def normalize_spec(d: dict) -> dict:
@@ -69,7 +81,7 @@ def normalize_spec(d: dict) -> dict:
     kind = d.get("kind")
     if kind not in _KINDS:
         raise TinyGPTError(f"unknown tokenizer kind {kind!r}; use one of {', '.join(_KINDS)}")
-    accepted = set(inspect.signature(_KINDS[kind].__init__).parameters) - {"self"}
+    accepted = set(inspect.signature(_kind(kind).__init__).parameters) - {"self"}
     chat = {"chat": d["chat"]} if d.get("chat") else {}
     return {"kind": kind, **{k: v for k, v in d.items() if k in accepted}, **chat}
 
@@ -151,7 +163,12 @@ def require_same(model: dict, data: dict, mismatch: str, fix: str) -> None:
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     spec = normalize_spec(d)
     chat = spec.pop("chat", None)
-    return with_template(_KINDS[spec.pop("kind")](**spec), chat)
+    tokenizer = _kind(spec.pop("kind"))(**spec)
+    if not chat:
+        return tokenizer
+    from gpt.chat.template import with_template
+
+    return with_template(tokenizer, chat)
 
 
 def without_template(d: dict) -> dict:

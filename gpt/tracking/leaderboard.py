@@ -1,6 +1,6 @@
 """Sweep summaries: a leaderboard (Markdown + CSV) and a plot of every run's val-loss curve.
 
-Written when a multirun ends (gpt.apps.sweep.LeaderboardCallback, registered in
+Written when a multirun ends (gpt.apps.train.LeaderboardCallback, registered in
 configs/hydra/default.yaml), or on demand: `tinygpt sweep outputs/sweeps/<stamp>`.
 
 Runs that crashed, were interrupted, are still running or left no summary are listed too,

@@ -8,11 +8,9 @@ from dataclasses import replace
 
 import torch
 
-from gpt.checkpoints import loading
 from gpt.config import FinetuneSettings
 from gpt.errors import TinyGPTError
-from gpt.model import meta, registry
-from gpt.model.lora import apply_lora
+from gpt.model import registry
 from gpt.tokenizers import require_same, without_template
 
 # The model settings a finetune takes from the command line rather than from its base: they
@@ -24,7 +22,10 @@ def initial_model(source: str, data_tokenizer, ft: FinetuneSettings, dropout: fl
     """Weights to finetune from (GPT-2 or a checkpoint of ours), checked against the data.
     `loaded`: the source, when the caller has loaded it already. A base without the chat
     template that the data has (conversations) gets the template's tokens (add_chat_tokens)."""
-    loaded = loaded or loading.load(str(source), dropout=dropout)
+    if loaded is None:
+        from gpt.checkpoints import loading
+
+        loaded = loading.load(str(source), dropout=dropout)
     model = loaded.model.train()
     data_spec = data_tokenizer.to_dict()
     adds_template = bool(data_spec.get("chat")) and not loaded.tokenizer_spec.get("chat")
@@ -93,6 +94,8 @@ def _extend_context(model, context: int, source: str, log):
             f"finetune.block_size={context} is longer than {source}'s context ({model.config.block_size}) and {what}; "
             f"use finetune.block_size <= {model.config.block_size}"
         )
+    from gpt.model import meta
+
     with meta.building():  # the same weights, not copies (they may be a file's mapped pages)
         longer = registry.build(model.config.changed(block_size=context))
     meta.adopt(longer, model.state_dict())
@@ -177,6 +180,8 @@ def prepare_finetune(model, ft: FinetuneSettings, log=print, new_tokens: bool = 
         return None
     lora = None
     if ft.lora_rank:
+        from gpt.model.lora import apply_lora
+
         n = apply_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_dropout)
         lora = {"rank": ft.lora_rank, "alpha": ft.lora_alpha}
         log(f"LoRA rank {ft.lora_rank} on {n} projections; all other weights frozen")

@@ -17,10 +17,7 @@ import torch
 from tqdm import tqdm
 
 from gpt.checkpoints import runs
-from gpt.config import SamplingSettings
 from gpt.errors import TinyGPTError, one_line, out_of_memory
-from gpt.evals.tasks import evaluate_task, metric_names
-from gpt.generation import generate
 from gpt.model import compute, registry
 from gpt.runtime import alarm, devices, distributed
 from gpt.runtime.preemption import Preempted, StopRequest
@@ -28,8 +25,8 @@ from gpt.tracking import console_redirected, logger
 from gpt.tracking.records import RunRecords
 from gpt.training import saving
 from gpt.training import step as steps
-from gpt.training.sharding import gathered, is_sharded, named_shards
-from gpt.training.state import Run, quiet
+from gpt.training.build import Run, quiet
+from gpt.training.parallel import gathered, named_parameters
 
 STOP_CHECK_EVERY = 10  # steps between reads of the ranks' stop flags under torchrun (see _loop)
 StepHook = Callable[[int, float], None]  # (step just finished, its loss)
@@ -57,8 +54,8 @@ class Trainer:
         # A sharded model (FSDP2) runs only with every rank taking part, so every rank computes the
         # samples and task scores training shows (the same: same weights, seed and items) and rank 0
         # shows them.
-        self.lockstep = is_sharded(run.model)
-        # Sharded and compiled, the plain model's blocks are compiled in place (sharding.shard), so
+        self.lockstep = run.parallel.lockstep
+        # Sharded and compiled, the plain model's blocks are compiled in place (parallel.shard), so
         # what only `fit` shows (samples, task scores, attention maps) runs them eager: decoding's
         # single-token steps with a cache would compile a graph for each layer and cache state
         # until dynamo's recompile limit (8), then decode eager anyway.
@@ -99,7 +96,8 @@ class Trainer:
             batches = r.batches_for(split, self.ts.batch_size, seed=r.cfg.seed + 1 + i)
             total = torch.zeros((), device=r.rt.device)
             for _ in range(self.ts.eval_iters // group):
-                x, y = (torch.cat(t) for t in zip(*(batches.next() for _ in range(group))))
+                drawn = [batches.next() for _ in range(group)]
+                x, y = torch.cat([b.x for b in drawn]), torch.cat([b.y for b in drawn])
                 with r.rt.autocast():
                     _, loss = r.eval_model(x, y)
                 total += loss.float() * group
@@ -110,10 +108,12 @@ class Trainer:
     def evaluate_tasks(self) -> dict[str, dict]:
         """train.eval_tasks' figures for the model as it is now ({task: {metric: value}}; rank 0,
         or every rank of a sharded run)."""
+        from gpt.evals.tasks import evaluate_task  # (a run without eval tasks never reads them)
+
         r = self.run
         with r.rt.autocast(), self.plain():
             return {
-                name: evaluate_task(r.model, r.data.tokenizer, name, items, r.rt.device, self.ts.batch_size)
+                name: evaluate_task(r.model, r.data.tokenizer, name, items, r.rt.device, self.ts.batch_size, self.lockstep)
                 for name, items in r.tasks.items()
             }
 
@@ -134,6 +134,9 @@ class Trainer:
         """A sample from the model as it is now (what training shows at evals and at the end): a
         continuation of nothing, or on conversations, the reply to the first val conversation's
         first user turn, shown after that turn."""
+        from gpt.config import SamplingSettings
+        from gpt.generation import generate  # (a run that shows no samples never reads it)
+
         r = self.run
         prompt, shown = r.data.sample_prompt()
         # On a CPU decoding stays fp32, as sample.py's does under dtype=auto (gpt.runtime.devices.
@@ -143,7 +146,10 @@ class Trainer:
         precision = contextlib.nullcontext() if r.rt.device.type == "cpu" else r.rt.autocast()
         with precision, self.plain():
             settings = SamplingSettings(max_new_tokens=n_tokens, seed=r.cfg.seed)
-            return shown + generate(r.model, r.data.tokenizer, [prompt or ""], settings, device=r.rt.device)[0][0]
+            return (
+                shown
+                + generate(r.model, r.data.tokenizer, [prompt or ""], settings, device=r.rt.device, lockstep=self.lockstep)[0][0]
+            )
 
     # --- fit --------------------------------------------------------------------------------------
 
@@ -236,7 +242,11 @@ class Trainer:
                 model=registry.summary(r.model_config),
                 chat=r.data.kind == "chat",  # trained on conversations (gpt.data.chat): `tinygpt chat` talks to it
             )
-            tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]
+            tags = []
+            if r.tasks:
+                from gpt.evals.tasks import metric_names
+
+                tags = [f"tasks/{name}/{metric}" for name in r.tasks for metric in metric_names(name)]
             summary.update(best_elapsed_s=r.progress.best_elapsed_s)
             self.records = RunRecords(r.out_dir, asdict(r.cfg), r.progress.step, task_tags=tags, clock=self.elapsed, **summary)
         if r.progress.step >= self.ts.max_iters:
@@ -299,7 +309,7 @@ class Trainer:
     def _histograms(self, step: int, kind: str) -> None:
         """TensorBoard histograms of every parameter's weights or gradients (`kind`), each gathered
         whole where the run is sharded (a collective every rank walks; rank 0 records)."""
-        for name, p in named_shards(self.run.model):
+        for name, p in named_parameters(self.run.model):
             values = p if kind == "weights" else p.grad
             whole = gathered(values.detach(), keep=self.run.dist.is_main) if values is not None else None
             if whole is not None:
@@ -343,7 +353,7 @@ class Trainer:
                 if r.dist.is_main:
                     self._log_tasks(step, results)
             if ts.attention_every and self.evals_done % ts.attention_every == 0 and hasattr(r.model, "attention_maps"):
-                x, _ = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next()
+                x = r.data.batches("val", r.model_config.block_size, 1, r.rt.device, seed=r.cfg.seed).next().x
                 with self.plain():
                     maps = r.model.attention_maps(x)
                 if r.dist.is_main:

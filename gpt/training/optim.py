@@ -1,5 +1,5 @@
-"""Parameter groups and the optimizers (AdamW, and Muon for the hidden matrices); the learning-rate
-schedule is gpt.training.schedule.
+"""Parameter groups, the optimizers (AdamW, and Muon for the hidden matrices) and the learning-rate
+schedule every group follows (`CosineSchedule`: linear warmup, cosine decay, a floor).
 
 AdamW is torch.optim.AdamW (its fused kernel where the device has one); Muon is a
 torch.optim.Optimizer of its own (see `Muon` for why not torch's; under DDP and FSDP2 its ranks share
@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import math
 from collections import ChainMap
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
 from gpt.config import AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
 from gpt.runtime import devices
-from gpt.training.sharding import shard_like
+from gpt.training.parallel import is_sharded, like, shard_like, whole
 
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon: they push every singular value
 # of the normalised matrix towards 1 in 5 steps, without needing to converge exactly.
@@ -138,16 +138,16 @@ class Muon(torch.optim.Optimizer):
         by_shape: dict[torch.Size, list[int]] = {}
         for i, p in enumerate(params):
             by_shape.setdefault(p.shape, []).append(i)
-        if isinstance(params[0], DTensor):
-            # FSDP2: each update gathered whole (Newton-Schulz does not split by rows), `world` at
+        if is_sharded(params[0]):
+            # Sharded: each update gathered whole (Newton-Schulz does not split by rows), `world` at
             # a time, shared out among the processes as under DDP, and each result cut back to this
             # process's rows (src_data_rank=None: sliced locally) and applied before the next are
             # gathered: a step never holds more than 2 x world whole matrices.
             world, first = _replicas()[1], 0
             for shape, idx in by_shape.items():
                 for chunk in (idx[start : start + world] for start in range(0, len(idx), world)):
-                    whole, exchange = self._orthogonalize([updates[i].full_tensor() for i in chunk], group["ns_steps"], first)
-                    self._apply(params, lr, shape, chunk, whole, exchange)
+                    ortho, exchange = self._orthogonalize([whole(updates[i]) for i in chunk], group["ns_steps"], first)
+                    self._apply(params, lr, shape, chunk, ortho, exchange)
                     first += len(chunk)
             return
         started, first = [], 0
@@ -165,9 +165,7 @@ class Muon(torch.optim.Optimizer):
         scale = math.sqrt(max(1.0, shape[0] / shape[1]))
         for j, i in enumerate(idx):
             p, o = params[i], ortho[j]
-            if isinstance(p, DTensor):  # FSDP2: this process's rows of the whole result
-                o = distribute_tensor(o, p.device_mesh, p.placements, src_data_rank=None)
-            p.add_(o, alpha=-lr * scale)
+            p.add_(like(o, p), alpha=-lr * scale)  # sharded: this process's rows of the whole result
 
     def _orthogonalize(self, updates: list[torch.Tensor], steps: int, first: int) -> tuple[list[torch.Tensor], dist.Work | None]:
         """Newton-Schulz on `updates`, matrices of one shape: returns their orthogonalised
@@ -375,3 +373,40 @@ def orthogonalize(g: torch.Tensor, steps: int, dtype: torch.dtype, eps: float = 
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
         x = torch.baddbmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
     return (x.mT if tall else x).to(g.dtype)
+
+
+@dataclass
+class CosineSchedule:
+    """Linear warmup from 0 to `lr`, then cosine decay to `min_lr` at `decay_iters`, then flat."""
+
+    lr: float
+    min_lr: float
+    warmup_iters: int
+    decay_iters: int
+
+    @classmethod
+    def from_settings(cls, s: AdamWSettings, max_iters: int) -> CosineSchedule:
+        """Decay over `optim.decay_iters`, or over the whole run (`max_iters`) when that is null,
+        down to `optim.min_lr`, or to lr * `optim.min_lr_ratio` when that is null."""
+        decay = s.decay_iters or max_iters
+        # A warmup as long as the whole schedule (a 20-step smoke run of a recipe that warms up
+        # for 100) would never reach the peak: warm up for a tenth of the schedule instead.
+        warmup = s.warmup_iters if s.warmup_iters < decay else decay // 10
+        floor = s.min_lr if s.min_lr is not None else s.lr * s.min_lr_ratio
+        return cls(lr=s.lr, min_lr=floor, warmup_iters=warmup, decay_iters=decay)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_iters:
+            return self.lr * (step + 1) / (self.warmup_iters + 1)
+        if step >= self.decay_iters:
+            return self.min_lr
+        progress = (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
+        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - self.min_lr)
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Every group follows the same curve, scaled to its own peak (Muon's is higher).
+        Returns the AdamW learning rate, the one logged."""
+        lr = self(step)
+        for group in optimizer.param_groups:
+            group["lr"] = group["base_lr"] * lr / self.lr
+        return lr

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import torch
 
-from gpt.checkpoints import checkpoint, runs, shards
+from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
 from gpt.errors import TinyGPTError
 from gpt.model import registry
-from gpt.model.lora import merged_state_dict
 from gpt.runtime import devices, distributed
-from gpt.training.sharding import is_sharded, local, whole_state_dict
-from gpt.training.state import Run
+from gpt.training.build import Run
+from gpt.training.parallel import local, whole_state_dict
 
 
 def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, state: dict | None = None) -> Checkpoint:
@@ -47,7 +46,7 @@ def fill(run: Run, last_eval: dict[str, float], rng: list[dict] | None, state: d
         else None
     )
     return Checkpoint(
-        model=weights if (full or not run.lora) else merged_state_dict(model, weights),
+        model=weights if (full or not run.lora) else _merged(model, weights),
         model_config=registry.config_to_dict(run.model_config),
         tokenizer=run.data.tokenizer.to_dict(),
         step=p.step,
@@ -64,6 +63,8 @@ def sharded_state(run: Run, path: Path) -> dict:
     own shards, into `path`'s shards folder (gpt.checkpoints.shards; every rank must call): no
     process ever holds the whole state. Returns what the checkpoint file holds in their place: the
     placeholders, and where the shards are under "shards"."""
+    from gpt.checkpoints import shards
+
     skeleton, tensors = shards.split({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})
     return skeleton | {"shards": shards.write(path, tensors, run.dist.is_main)}
 
@@ -72,7 +73,7 @@ def whole_weights(run: Run) -> dict | None:
     """Under FSDP2, the model's weights gathered whole (every rank must call; rank 0 keeps them),
     for best.pt: the weights alone (a quarter of the training state), in the format every reader
     knows, LoRA adapters merged as an unsharded run's are. None when not sharded."""
-    if not is_sharded(run.model):
+    if not run.parallel.sharded:
         return None
     return {"model": whole_state_dict(run.model, keep=run.dist.is_main)}
 
@@ -101,7 +102,7 @@ def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> P
     whole = whole_weights(run) if best else None
     failed: TinyGPTError | None = None
     try:
-        sharded = sharded_state(run, path) if is_sharded(run.model) else None
+        sharded = sharded_state(run, path) if run.parallel.sharded else None
     except TinyGPTError as e:  # every rank failed alike (DCP gathers the failures): the file is not written
         failed, sharded = e, None
     if run.dist.is_main and failed is None:
@@ -117,3 +118,10 @@ def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> P
     if distributed.any_true(failed is not None, run.dist, run.rt.device):  # every rank learns of it, and stops
         raise failed or TinyGPTError(f"rank 0 could not save step {run.progress.step}; see its error")
     return path
+
+
+def _merged(model, weights: dict) -> dict:
+    """best.pt's weights with LoRA's adapters merged (gpt.model.lora, read only by a LoRA run)."""
+    from gpt.model.lora import merged_state_dict
+
+    return merged_state_dict(model, weights)

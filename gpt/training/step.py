@@ -12,15 +12,14 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.checkpoints import runs
 from gpt.errors import TinyGPTError
 from gpt.runtime import distributed
 from gpt.tracking import logger
-from gpt.training.sharding import is_sharded
-from gpt.training.state import Run
+from gpt.training.build import Run
+from gpt.training.parallel import whole
 
 
 @dataclass
@@ -40,28 +39,26 @@ def train_step(model, batches, optimizer, scaler, rt, accum_steps: int, grad_cli
     more than a long one's."""
     # All of the step's micro-batches first: their trained-token counts weight the losses, and on
     # a GPU they are built while the device still runs the previous step.
-    micro = [batches.next() + (getattr(batches, "trained", None), getattr(batches, "tokens", None)) for _ in range(accum_steps)]
-    weights = _token_weights([m[2] for m in micro], accum_steps, rt.device, dist)
+    micro = [batches.next() for _ in range(accum_steps)]
+    weights = _token_weights([b.trained for b in micro], accum_steps, rt.device, dist)
     total = torch.zeros((), device=rt.device)
-    for i, (x, y, trained, _) in enumerate(micro):
+    for i, batch in enumerate(micro):
         # Under DDP, gradients are all-reduced on the last micro-batch only. Under FSDP2 they are
         # reduce-scattered after every one: held back, they would be whole on every process (4
         # bytes a parameter, what sharding is for saving), so accumulation costs communication.
         last = i == accum_steps - 1
         with contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
             with rt.autocast():  # the forward pass only; backward runs in the dtypes it recorded
-                _, loss = model(x, y)
-            if trained == 0:  # nothing to learn from (a mean over no tokens is NaN): a zero gradient
+                _, loss = model(batch.x, batch.y)
+            if batch.trained == 0:  # nothing to learn from (a mean over no tokens is NaN): a zero gradient
                 loss = loss.nan_to_num(0.0)
             scaler.scale(loss * weights[i]).backward()
         total += loss.detach() * weights[i]
     scaler.unscale_(optimizer)  # clip and measure true gradients, not loss-scaled ones
     params = [p for group in optimizer.param_groups for p in group["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
-    if isinstance(norm, DTensor):  # FSDP2: the norm over every process's shards, reduced when read whole
-        norm = norm.full_tensor()
-    tokens = sum(m[3] if m[3] is not None else m[0].numel() for m in micro)
-    return StepResult(total, norm, tokens)
+    norm = whole(norm)  # sharded: the norm over every process's shards, reduced when read whole
+    return StepResult(total, norm, sum(b.tokens for b in micro))
 
 
 def _token_weights(trained: list[int | None], accum_steps: int, device, dist) -> list:
@@ -137,7 +134,7 @@ def apply_or_skip(run: Run, result: StepResult, guard: Guard) -> None:
         norm = result.norm.float().to(result.loss.device)
         bad = torch.isfinite(torch.stack([result.loss.float(), norm])).all().logical_not().float()
         bad = distributed.max_tensor(bad, run.dist)  # the same verdict on every rank, still on the device
-        if run.rt.device.type == "cpu" or is_sharded(run.model):
+        if run.rt.device.type == "cpu" or run.parallel.sharded:
             # On a CPU a read is no sync (nothing runs ahead of the host), and skipping by a branch
             # spares step_unless's masking (~1% of the quickstart's step): the same result. Under
             # FSDP2 the masking would mix the flag (a plain tensor) into sharded tensors, which

@@ -33,6 +33,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
         ),
         (["trian.max_iters=20"], "unknown setting 'trian' (did you mean train?); list the valid keys"),
         (["model=gru", "model.n_hiden=8"], "unknown setting 'model.n_hiden' (did you mean model.n_hidden?)"),
+        (["finetune.lora=true"], "unknown setting 'finetune.lora' (did you mean finetune.lora_rank?)"),
         (["train.zzz=1"], "unknown setting 'train.zzz'; list the valid keys"),  # nothing near: no guess
         (["experiment=shakespeare_char", "optim.muon_lr=0.05"], "optim.muon_lr is a Muon setting and this run uses optim=adamw"),
         (["model=gtp2"], "unknown model config 'gtp2'; choose one of: baby-gpt, gpt-micro"),
@@ -270,12 +271,12 @@ def test_a_refused_first_run_leaves_no_folder_behind(tmp_path, data_root):
 def test_a_refused_start_racing_another_for_its_folders_still_ends_in_one_line(tmp_path, monkeypatch):
     """Two first runs refused at once race to remove outputs/runs/: the loser's rmdir fails (the
     folder is gone, or the other start has put its run in it), and that is no new error."""
-    from gpt.training import start
+    from gpt.training import claim
 
     run_dir = tmp_path / "outputs" / "runs" / "r"
     run_dir.mkdir(parents=True)
     monkeypatch.setattr(Path, "rmdir", lambda self: (_ for _ in ()).throw(FileNotFoundError(2, "gone", str(self))))
-    start._remove_empty(run_dir, tmp_path / "outputs")  # no exception
+    claim._remove_empty(run_dir, tmp_path / "outputs")  # no exception
 
 
 def test_a_list_typed_unquoted_is_told_how_to_quote_its_items_and_the_hint_runs(tmp_path):

@@ -547,7 +547,7 @@ def test_a_sweep_whose_jobs_run_elsewhere_reports_failures_in_its_exit_status(tm
     assert proc.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 jobs failed (first: job 1: training diverged")
     # and a GPU sweep for a cluster can be submitted from a machine without one
     gpu = ["-m", "hydra/launcher=slurm", "device=cuda", *QUICK, "optim.lr=1e-3,3e-4", f"hydra.sweep.dir={tmp_path / 'gpu'}"]
-    from gpt.apps.train import preflight
+    from gpt.training.claim import preflight
 
     check_sweep("config", gpu[1:], "tinygpt train", then=lambda s, here: preflight(s, here=here))
     if torch.cuda.is_available():

@@ -217,7 +217,7 @@ def test_after_a_stop_the_hint_resumes_only_what_was_saved(tmp_path):
 def test_a_resume_examines_its_checkpoint_once(tmp_path, data_root):
     """`train.py hydra.run.dir=R` into a run: the command line finds where it resumes from before
     Hydra writes anything and the run's set-up takes that as found. Counted through a
-    sitecustomize hook: each checkpoint is examined (gpt.checkpoints.resume.resumable) once, and read twice
+    sitecustomize hook: each checkpoint is examined (gpt.training.claim.resumable) once, and read twice
     (mapped to be examined, then loaded to resume); it was examined twice and read three times."""
     from helpers import hooked_pythonpath
 
@@ -228,7 +228,7 @@ def test_a_resume_examines_its_checkpoint_once(tmp_path, data_root):
     hook = (
         "import atexit, collections\n"
         "from pathlib import Path\n"
-        "from gpt.checkpoints import checkpoint, resume\n"
+        "from gpt.checkpoints import checkpoint\nfrom gpt.training import claim as resume\n"
         "seen = collections.Counter()\n"
         "real_examine, real_read = resume.resumable, checkpoint.load\n"
         "def resumable(path):\n"

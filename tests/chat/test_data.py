@@ -144,7 +144,8 @@ def test_loss_is_the_mean_over_the_assistant_tokens_only_as_computed_by_hand():
         torch.nn.init.normal_(p, std=0.5)
     batches = ConversationBatches(split, block, batch_size=6, device=torch.device("cpu"), seed=1)
     assert batches.dropped == 1
-    x, y = batches.next()
+    batch = batches.next()
+    x, y = batch.x, batch.y
     _, loss = model(x, y)
 
     drawn = [
@@ -178,9 +179,10 @@ def test_ranks_draw_slices_of_one_global_batch():
     split = toy_split(tok)
     whole = ConversationBatches(split, 64, 4, torch.device("cpu"), seed=5)
     halves = [ConversationBatches(split, 64, 2, torch.device("cpu"), seed=5, rank=r, world_size=2) for r in (0, 1)]
-    x, y = whole.next()
+    y = whole.next().y
     parts = [h.next() for h in halves]
-    for r, (xr, yr) in enumerate(parts):
+    for r, part in enumerate(parts):
+        xr, yr = part.x, part.y
         width = xr.size(1)
         assert torch.equal(yr, y[2 * r : 2 * r + 2, :width]) and (y[2 * r : 2 * r + 2, width:] == IGNORE).all()
 
@@ -211,7 +213,7 @@ def test_length_buckets_cut_padding_and_keep_every_conversation_equally_likely()
     for name, batches in (("plain", plain), ("grouped", grouped)):
         shares = []
         for _ in range(400):
-            x, y = batches.next()
+            x = batches.next().x
             shares.append(batches.padding)
             if name == "grouped":
                 for row in x.numpy():
@@ -254,8 +256,9 @@ def test_widths_come_in_steps_of_64_on_a_gpu_and_exact_on_a_cpu():
     stepped = ConversationBatches(split, 100, 4, torch.device("cpu"), seed=0, width_step=64)
     for batches in (exact, stepped):
         for _ in range(20):
-            x, y = batches.next()
+            batch = batches.next()
+            x, y = batch.x, batch.y
             longest = int((x != 0).sum(1).max())
             want = longest if batches is exact else min(100, -(-longest // 64) * 64)
             assert x.size(1) == want
-            assert batches.tokens == int((x != 0).sum()) and batches.trained == int((y != IGNORE).sum())
+            assert batch.tokens == int((x != 0).sum()) and batch.trained == int((y != IGNORE).sum())

@@ -14,10 +14,12 @@ def test_random_windows_are_shifted_and_reproducible():
     tokens = np.arange(1000, dtype=np.uint16)
     a = RandomWindows(tokens, block_size=8, batch_size=5, device=torch.device("cpu"), seed=7)
     b = RandomWindows(tokens, block_size=8, batch_size=5, device=torch.device("cpu"), seed=7)
-    x, y = a.next()
+    batch = a.next()
+    x, y = batch.x, batch.y
     assert x.shape == y.shape == (5, 8) and x.dtype == torch.long
     assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
-    assert torch.equal(x, b.next()[0])
+    assert batch.tokens == 40 and batch.trained is None  # text: every target trains
+    assert torch.equal(x, b.next().x)
     assert int(x.max()) < 1000 - 1
 
 
@@ -27,8 +29,9 @@ def test_shards_and_windows_across_them(tmp_path):
     assert len(data.train) > 2 and all(len(s) <= 200 for s in data.train)
     a = RandomWindows(data.train, 16, 32, torch.device("cpu"), seed=1)
     b = RandomWindows(data.train, 16, 32, torch.device("cpu"), seed=1)
-    x, y = a.next()
-    assert torch.equal(x, b.next()[0]) and torch.equal(x[:, 1:], y[:, :-1])
+    batch = a.next()
+    x, y = batch.x, batch.y
+    assert torch.equal(x, b.next().x) and torch.equal(x[:, 1:], y[:, :-1])
     joined = [np.asarray(s).tolist() for s in data.train]
     for row in x.tolist():  # every window lies inside one shard
         assert any(any(s[i : i + 16] == row for i in range(len(s) - 15)) for s in joined)
@@ -36,6 +39,6 @@ def test_shards_and_windows_across_them(tmp_path):
 
 def test_two_ranks_see_the_batch_of_one_process_with_twice_the_batch():
     tokens = np.arange(5000, dtype=np.uint16)
-    one = RandomWindows(tokens, 8, 6, torch.device("cpu"), seed=3).next()[0]
-    halves = [RandomWindows(tokens, 8, 3, torch.device("cpu"), seed=3, rank=r, world_size=2).next()[0] for r in (0, 1)]
+    one = RandomWindows(tokens, 8, 6, torch.device("cpu"), seed=3).next().x
+    halves = [RandomWindows(tokens, 8, 3, torch.device("cpu"), seed=3, rank=r, world_size=2).next().x for r in (0, 1)]
     assert torch.equal(torch.cat(halves), one)

@@ -439,7 +439,7 @@ def test_small_eval_batches_go_through_one_pass_together_with_the_same_means(tmp
     """An eval's small batches of text are concatenated, up to EVAL_PASS_TOKENS tokens and a
     divisor of train.eval_iters, into fewer forward passes (the quickstart's 50 in 10 passes of
     5): the same batches, so the same means as one pass each; conversations go one by one."""
-    from gpt.training import state
+    from gpt.training import build as state
 
     root, data_overrides = data_root
     run = build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}", "train.eval_iters=6"], tmp_path))

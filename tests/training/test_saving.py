@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gpt.checkpoints import checkpoint, runs
-from gpt.checkpoints.resume import resumable
 from gpt.errors import TinyGPTError
 from gpt.training import train
+from gpt.training.claim import resumable
 from helpers import ENGINE_RUN, assert_one_line_error, compose, poison_forward, run_script
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gpt.checkpoints import checkpoint, runs
+from gpt.data.loader import Batch
 from gpt.errors import TinyGPTError
 from gpt.model import GPT, GPTConfig
 from gpt.runtime import devices
@@ -19,13 +20,15 @@ from helpers import ENGINE_RUN, compose, poison_forward
 
 
 class FixedBatches:
+    """Given (x, y) pairs, drawn in turn as text batches (every target trained)."""
+
     def __init__(self, parts):
         self.parts, self.i = parts, 0
 
-    def next(self):
-        part = self.parts[self.i % len(self.parts)]
+    def next(self) -> Batch:
+        x, y = self.parts[self.i % len(self.parts)]
         self.i += 1
-        return part
+        return Batch(x, y, tokens=x.numel())
 
 
 @pytest.mark.parametrize("clip", [0.0, 0.05])
@@ -80,10 +83,10 @@ def test_divergence_stops_with_last_good_checkpoint_untouched(tmp_path, data_roo
 class ConversationLike(FixedBatches):
     """Batches with untrained targets (-1), counted as gpt.data.chat.ConversationBatches counts them."""
 
-    def next(self):
-        x, y = super().next()
-        self.trained, self.tokens = int((y != -1).sum()), int((y != -1).sum())
-        return x, y
+    def next(self) -> Batch:
+        batch = super().next()
+        batch.trained = batch.tokens = int((batch.y != -1).sum())
+        return batch
 
 
 def test_every_trained_token_weighs_the_same_across_micro_batches():

@@ -1,26 +1,147 @@
-"""FSDP2 (`distributed=fsdp`): every process holds 1/N of each parameter, its gradient and its
-optimizer state, and gathers a block's full weights only while that block runs.
-
+"""How a run's model is spread over its processes, decided once (`choose`) and applied in one
+place (`Parallel.apply`): whole (one process), DDP (a copy per process, gradients all-reduced)
+or FSDP2 (`distributed=fsdp`: every process holds 1/N of each parameter, its gradient and its
+optimizer state, and gathers a block's full weights only while that block runs).
 torch's `fully_shard` does the sharding (per-parameter DTensors, one all-gather per block forward
 and backward, one reduce-scatter of the gradients); this module applies it to a GPT and moves
-tensors in and out of the sharded world: step checkpoints are written shard by shard
-(gpt.checkpoints.shards) and read back into the shards (`load_targets`); best.pt holds the
-weights gathered whole (`whole_state_dict`); a whole checkpoint (one written without FSDP) is
-sliced into this process's shards (`shard_like`).
+tensors in and out of the sharded world: a new model's weights are rank 0's, sent shard by shard
+(`load_from_rank_0`); step checkpoints are written shard by shard (gpt.checkpoints.shards) and
+read back into the shards (`load_targets`); best.pt holds the weights gathered whole
+(`whole_state_dict`); a whole checkpoint (one written without FSDP) is sliced into this process's
+shards (`shard_like`). The rest of training asks only `Parallel.lockstep` and calls the helpers
+here, which are the identity on a model that is not sharded.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gpt.errors import TinyGPTError
-from gpt.model import meta
 from gpt.runtime import devices
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """The wrapping of one run: `how` is "whole", "ddp" or "fsdp"; `offload`: FSDP2's shards in
+    host memory (cpu_offload)."""
+
+    how: str = "whole"
+    offload: bool = False
+    processes: int = 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.how == "fsdp"
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether the model computes only with every process taking part (a sharded model's
+        forward gathers its weights): then every process runs what rank 0 shows (samples, task
+        scores) and decoding takes rank 0's tokens."""
+        return self.sharded
+
+    def describe(self) -> str:
+        """The start-up line's part on the processes ('' for one whole model)."""
+        if self.how == "whole":
+            return ""
+        n = f"{self.processes} process{'es' if self.processes > 1 else ''}"
+        how = f"FSDP2{' with CPU offload' if self.offload else ''}" if self.sharded else "DDP"
+        return f"; {how} over {n}"
+
+    def shard(self, model: nn.Module, rt: devices.Runtime) -> nn.Module:
+        """`model` sharded in place where this run shards (see `shard`); as it is otherwise."""
+        return shard(model, rt, self.offload) if self.sharded else model
+
+    def materialize(self, model: nn.Module, device: torch.device) -> None:
+        materialize(model, device, self.offload)
+
+    def forwards(self, model: nn.Module, rt: devices.Runtime, dist) -> tuple[nn.Module, nn.Module]:
+        """(the training forward, the evaluation forward): compiled when asked, DDP-wrapped under
+        DDP; a sharded model is its own (`shard` compiled its blocks)."""
+        if self.sharded:
+            return model, model
+        compiled = torch.compile(model) if rt.compile else model
+        if self.how != "ddp":
+            return compiled, compiled
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        device_ids = [rt.device.index] if rt.device.type == "cuda" else None
+        # No buffer broadcast: the model's buffers are fixed tables (RoPE, sinusoids) equal on
+        # every rank, and broadcasting them before every forward costs a collective per step (2.13
+        # renamed the switch and broadcasts them once at the start). Gradients in DDP's buckets.
+        no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+        wrapped = DDP(compiled, device_ids=device_ids, gradient_as_bucket_view=True, **{no_sync: False})
+        return wrapped, compiled
+
+
+def choose(distributed: str, cpu_offload: bool, dist) -> Parallel:
+    """The wrapping of a run of `distributed` (the setting: ddp or fsdp) over `dist`'s processes:
+    FSDP2 under torchrun shards over its processes, one included (its offload then fits a larger
+    model on one GPU); DDP when there are several; else one whole model."""
+    if distributed == "fsdp" and (dist.enabled or dist.launched):
+        return Parallel("fsdp", cpu_offload, dist.world_size)
+    return Parallel("ddp" if dist.enabled else "whole", False, dist.world_size)
+
+
+def notice(distributed: str, cpu_offload: bool, chosen: Parallel) -> str | None:
+    """What to say when the setting asks for shards and there is one process to hold them."""
+    if distributed != "fsdp" or chosen.sharded:
+        return None
+    off = ", on its device (cpu_offload applies to shards)" if cpu_offload else ""
+    return (
+        "notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains "
+        f"whole{off} (torchrun --nproc_per_node=1 shards it over one)"
+    )
+
+
+def check(settings, dtype) -> None:
+    """What distributed=fsdp does not cover (yet), refused before anything runs: recurrent models
+    (nothing to shard by block), fp16 loss scaling, Muon in host memory."""
+    from gpt.config import MuonSettings
+    from gpt.config.model import RNNConfig
+
+    if settings.distributed != "fsdp":
+        return
+    if isinstance(settings.model, RNNConfig):
+        raise TinyGPTError(
+            f"distributed=fsdp shards a GPT block by block; model.arch={settings.model.arch} is recurrent: use distributed=ddp"
+        )
+    if dtype == torch.float16:
+        raise TinyGPTError("distributed=fsdp trains in bfloat16 or float32, not float16; pass dtype=bfloat16 or dtype=float32")
+    if settings.cpu_offload and isinstance(settings.optim, MuonSettings):
+        raise TinyGPTError(
+            "cpu_offload=true steps the optimizer in host memory, where Muon's Newton-Schulz would run on the CPU "
+            "(minutes a step at 1B parameters); use optim=adamw"
+        )
+
+
+def is_sharded(t) -> bool:
+    """Whether `t` is a sharded tensor (a DTensor). torch.distributed.tensor is not imported for
+    the check (0.5 s of every start that shards nothing): no DTensor exists before it is loaded."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole: a sharded result (a gradient norm over every process's shards) reduced, a
+    sharded update gathered."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+def like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A whole `value` (every process holds the same) cut to this process's part of `param` where
+    `param` is sharded, sliced locally (no communication); `value` itself otherwise."""
+    if not is_sharded(param):
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
 
 
 def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Module:
@@ -33,6 +154,8 @@ def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Mo
     and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32. `offload`:
     the shards and their gradients in host memory (pinned, on CUDA), copied to the device for each
     all-gather: the optimizer steps them there."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
     if not hasattr(model, "transformer"):  # a recurrent model resumed or started from (init_from)
         raise TinyGPTError("distributed=fsdp shards a GPT block by block; this run's model is recurrent: use distributed=ddp")
     policy = MixedPrecisionPolicy()
@@ -64,7 +187,11 @@ def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> Non
     rows only (`_scatter_rows`: torch's distribute_tensor would have each allocate a whole tensor
     to receive into, device memory on a GPU). `device`: the run's, where the collectives run
     (under cpu_offload the shards themselves sit in host memory)."""
+    from torch.distributed.tensor import distribute_tensor
+
     rank0 = torch.distributed.get_rank() == 0
+    from gpt.model import meta
+
     tied = meta.tied_names(model)  # the LM head tied to the embedding
     for name, shard in model.state_dict().items():
         if name in tied:  # filled under its first name
@@ -73,9 +200,9 @@ def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> Non
         if rank0:  # one copy: to the device, the shard's dtype and contiguous at once (.to alone
             # leaves a view of the right dtype as it is, hence .contiguous())
             value = whole[name].to(device=device, dtype=shard.dtype, memory_format=torch.contiguous_format).contiguous()
-        if isinstance(shard, DTensor) and _rows_of_one_group(shard):
+        if is_sharded(shard) and _rows_of_one_group(shard):
             _scatter_rows(value, shard.to_local(), shard.shape, device)
-        elif isinstance(shard, DTensor):  # another layout: torch's scatter (each process allocates the whole shape)
+        elif is_sharded(shard):  # another layout: torch's scatter (each process allocates the whole shape)
             if value is None:
                 value = torch.empty(shard.shape, dtype=shard.dtype, device=device)
             shard.to_local().copy_(distribute_tensor(value, shard.device_mesh, shard.placements, src_data_rank=0).to_local())
@@ -87,7 +214,7 @@ def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> Non
         del value
 
 
-def _rows_of_one_group(t: DTensor) -> bool:
+def _rows_of_one_group(t) -> bool:
     """Whether `t` is cut as fully_shard cuts a parameter over the default group: dim 0 in
     torch.chunk's pieces, piece r on rank r (a 1-D mesh of every process)."""
     from torch.distributed.tensor import Shard
@@ -128,24 +255,21 @@ def materialize(model: nn.Module, device: torch.device, offload: bool = False) -
         setattr(model, name, table.to(device))  # a buffer replaced: its length follows the config's context
 
 
-def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
-
-
-def named_shards(model: nn.Module):
+def named_parameters(model: nn.Module):
     """`model.named_parameters()`, sharded where the model is: after a forward with no backward
     (an eval) FSDP2 leaves the root unit's weights gathered (it expects the backward to need
     them), and the module then holds plain tensors in FSDP's own memory, which a reader must not
     touch (numpy() pins that memory, and the next reshard fails to free it)."""
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    for module in model.modules() if fsdp is not None else ():
+        if isinstance(module, fsdp.FSDPModule):
             module.reshard()
     return model.named_parameters()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """This process's part of `t` (t itself when it is not sharded)."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_sharded(t) else t
 
 
 def gathered(value, keep: bool = True):
@@ -156,7 +280,7 @@ def gathered(value, keep: bool = True):
     (torch's get_state_dict(full_state_dict=True, cpu_offload=True) does this for the model, but
     keys an optimizer's state by parameter name; tinygpt checkpoints key it by position, so one
     walk serves both.)"""
-    if isinstance(value, DTensor):
+    if is_sharded(value):
         whole = value.full_tensor()
         return whole.cpu() if keep else None
     if isinstance(value, dict):
@@ -172,6 +296,8 @@ def whole_state_dict(model: nn.Module, keep: bool = True) -> dict | None:
     state = gathered(model.state_dict(), keep)
     if not keep:
         return None
+    from gpt.model import meta
+
     for name, first in meta.tied_names(model).items():
         state[name] = state[first]
     return state
@@ -191,7 +317,7 @@ def load_targets(model: nn.Module, optimizer, saved_optimizer: dict) -> Callable
             return weights[rest]
         where = rest.split("/")  # state/<index>/<name>
         param = params.get(int(where[1])) if where[0] == "state" and where[1].isdigit() else None
-        if isinstance(param, DTensor) and placeholder.shape == param.shape:
+        if is_sharded(param) and placeholder.shape == param.shape:
             return torch.empty_like(param, dtype=placeholder.dtype)
         return torch.empty(placeholder.shape, dtype=placeholder.dtype)
 
@@ -203,19 +329,21 @@ def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     shard of `param` the way `param` is cut where it is sharded and `value` is whole. Only the
     shard is copied: `value` may be mapped from the checkpoint file, and a shard left as a view
     would keep the whole tensor alive."""
-    if isinstance(param, DTensor) and not isinstance(value, DTensor) and value.shape == param.shape:
+    if is_sharded(param) and not is_sharded(value) and value.shape == param.shape:
+        from torch.distributed.tensor import DTensor
+
         # Every process holds the whole tensor already: each slices its own part where the tensor
         # lies and moves only that to the shard's device. (distribute_tensor would first move the
         # whole tensor to the mesh's device: the GPU, even where cpu_offload keeps the shards in host memory.)
         part = _own_part(value, param)
         own = torch.empty(part.shape, dtype=part.dtype, device=param.to_local().device).copy_(part)
         return DTensor.from_local(own, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
-    if isinstance(value, DTensor) and value.placements == getattr(param, "placements", None):
+    if is_sharded(value) and value.placements == getattr(param, "placements", None):
         return value  # read from a sharded checkpoint into a fresh tensor cut like `param` (load_targets): its own already
     return value.clone()
 
 
-def _own_part(whole: torch.Tensor, param: DTensor) -> torch.Tensor:
+def _own_part(whole: torch.Tensor, param) -> torch.Tensor:
     """The view of `whole` (the shape of `param`) that is this process's shard of `param`."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -223,40 +351,3 @@ def _own_part(whole: torch.Tensor, param: DTensor) -> torch.Tensor:
     for dim, (size, offset) in enumerate(zip(sizes, offsets)):
         whole = whole.narrow(dim, offset, size)
     return whole
-
-
-def fill_initial(model: nn.Module, fills: list[tuple], rng_state: torch.Tensor) -> None:
-    """A new model built on the meta device, sharded and materialized, given the initial weights
-    one process would have drawn, with no process holding more than one whole tensor: every
-    process replays the build's torch.nn.init fills (`fills`: gpt.model.meta.named_fills) in their
-    order on whole tensors in host memory, from rank 0's random generator state before its build
-    (`rng_state`), and keeps its own part of each. The same random numbers as a build with memory
-    (a sharded run starts where one process starts; tests/test_fsdp.py compares their losses),
-    without rank 0 building the whole model first. Every process but rank 0 then takes its own
-    generator state back (ranks are seeded apart, for dropout); rank 0's goes on from the build's.
-
-    What torch lacked: DTensor's random fills draw from an offset-based generator of their own,
-    so a sharded model initialised in place gets other values than the same model built whole."""
-    own_state = torch.get_rng_state()
-    torch.set_rng_state(rng_state)
-    params = dict(model.named_parameters())
-    filled = set()
-    with torch.no_grad():
-        for name, fill, shape, dtype, place, args, kwargs in fills:
-            if name is None:  # drawn for the generator's sake only (see named_fills)
-                fill(torch.empty(shape, dtype=dtype), *args, **kwargs)
-                continue
-            target = params[name]
-            whole = torch.empty(target.shape, dtype=target.dtype)
-            own = _own_part(whole, target) if isinstance(target, DTensor) else whole
-            if place is not None:  # a fill of a part: the rest of this process's rows stay as they are
-                own.copy_(local(target))
-            fill(whole if place is None else whole.as_strided(*place), *args, **kwargs)
-            local(target).copy_(own)
-            if place is None:
-                filled.add(name)
-    if torch.distributed.get_rank() != 0:
-        torch.set_rng_state(own_state)
-    unfilled = sorted(set(params) - filled)
-    if unfilled:  # a parameter given its values some other way than torch.nn.init: never train on garbage
-        raise TinyGPTError(f"{', '.join(unfilled)}: no initial value recorded for a sharded start; report this")

@@ -1,9 +1,10 @@
-"""Everything a training run needs, built once and in order by `build_run(settings) -> Run`:
+"""Step 3 of a start, the build: what a training run is made of (`Run`, and `Progress`, where it
+stands), built once and in order by `build_run(settings) -> Run`:
 
     runtime and processes -> where it resumes from -> data -> model (+ finetuning, LoRA)
     -> sharded (FSDP2) -> optimizer, loss scaler, batches -> restored state -> compiled / DDP-wrapped model
 
-Every check that needs no data runs before the data is touched (gpt.training.start), so a typo
+Every check that needs no data runs before the data is touched (gpt.training.claim), so a typo
 fails in a second. Set-up changes none of its input: what it resolves (the horizon from a compute
 budget, the schedule's length and floor, a resumed LoRA's rank, the run directory) goes into the
 settings of the `Run` it returns.
@@ -12,47 +13,128 @@ settings of the `Run` it returns.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-from dataclasses import asdict, replace
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.chat.template import ChatTokenizer
-from gpt.checkpoints import checkpoint, loading, runs, shards
+from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint
-from gpt.checkpoints.resume import ResumePoint, resume_point
 from gpt.config import RunConfig, changed_settings
-from gpt.config.model import GPTConfig, as_given, ignored_settings
+from gpt.config.model import GPTConfig, RNNConfig, as_given, ignored_settings
 from gpt.data import Dataset, load_data
+from gpt.data.loader import Batches
 from gpt.data.shards import SIZES
 from gpt.errors import TinyGPTError
-from gpt.model import compute, meta, registry
+from gpt.model import compute, registry
 from gpt.runtime import devices, distributed
 from gpt.tokenizers import require_same
 from gpt.tracking import ensure_console_logging, logger
-from gpt.training import sharding
+from gpt.training import parallel
+from gpt.training.claim import Claim, ResumePoint, preflight, resume_point
 from gpt.training.finetune import APPLY_TO_A_BASE, initial_model, prepare_finetune, resumed_finetune
-from gpt.training.optim import build_optimizer
-from gpt.training.schedule import CosineSchedule
-from gpt.training.start import Claim, model_settings_at, preflight
-from gpt.training.state import Progress, Run, quiet
+from gpt.training.optim import CosineSchedule, build_optimizer
+from gpt.training.parallel import Parallel
+
+EVAL_PASS_TOKENS = 4096  # the most tokens an eval's forward pass takes by concatenating batches (Run.eval_group)
 
 
-def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
-    """`claim`: the run directory taken and examined already (gpt.training.start.claim: by the
-    command line before Hydra wrote anything, or by `train`); without one the checks run here."""
+@dataclass
+class Progress:
+    """Where training stands: saved in every step checkpoint."""
+
+    step: int = 0
+    best_val: float = math.inf
+    bad_total: int = 0  # non-finite steps skipped so far
+    bad_in_a_row: int = 0
+    last_eval: dict[str, float] = field(default_factory=dict)  # {"train", "val"} of the newest eval
+    elapsed_s: float = 0.0  # wall-clock seconds the run took to reach the state saved or restored last
+    best_elapsed_s: float | None = None  # elapsed seconds when best_val was reached
+    # training tokens so far, over every resume (a resume may run another number of processes,
+    # so not step x this run's tokens per step); None: a checkpoint from before they were counted
+    tokens_seen: int | None = 0
+
+
+@dataclass(kw_only=True)
+class Run:
+    """Everything a run needs, built once by `build_run`."""
+
+    cfg: RunConfig  # the settings as resolved for this run (horizon, schedule, finetuning, paths)
+    dist: distributed.Dist
+    rt: devices.Runtime
+    out_dir: Path
+    data: Dataset  # text or conversations, behind one interface
+    model: nn.Module  # the plain model: what is saved, sampled from and measured
+    model_config: GPTConfig | RNNConfig
+    lora: dict | None  # {"rank", "alpha"} while LoRA adapters are trained
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    schedule: CosineSchedule
+    batches: Batches  # this rank's training batches (Dataset.batches)
+    step_model: nn.Module  # compiled and/or DDP-wrapped: the training forward
+    eval_model: nn.Module  # compiled only: evaluation needs no gradient sync
+    log: Callable[[str], None]  # rank 0 prints; the others are quiet
+    parallel: Parallel = field(default_factory=Parallel)  # whole, DDP or FSDP2 (gpt.training.parallel)
+    progress: Progress = field(default_factory=Progress)  # restored when resuming
+    tasks: dict[str, list] = field(default_factory=dict)  # train.eval_tasks' items (gpt.evals.tasks.Example), rank 0
+    resumed_from: Path | None = None  # the checkpoint this start continued from (set-up's choice)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / runs.CKPT_DIR
+
+    def batches_for(self, split: str, batch_size: int, seed: int) -> Batches:
+        """This rank's batches of a split, as training draws them."""
+        return self.data.batches(
+            split, self.model_config.block_size, batch_size, self.rt.device, seed, self.dist.rank, self.dist.world_size
+        )
+
+    @property
+    def eval_group(self) -> int:
+        """How many of an eval's batches go through one forward pass. Small batches of text (the
+        quickstart's: 12 x 64 tokens) are short passes that each pay the model's per-pass overhead;
+        concatenated up to EVAL_PASS_TOKENS tokens, they take less time (the quickstart's eval,
+        its 50 batches a split in 10 passes of 5: 527 ms against 664, medians of 8 on this 2-core
+        CPU; passes of 10 batches took 553) and give the same mean (batches of one shape, every
+        token weighing the same). A divisor of train.eval_iters: every pass one shape, one graph
+        where compiled. Conversations (of other widths, and trained ids) and batches of that size
+        already: one at a time."""
+        ts = self.cfg.train
+        fits = EVAL_PASS_TOKENS // (ts.batch_size * self.model_config.block_size)
+        if self.data.kind != "text" or fits < 2:
+            return 1
+        return max(d for d in range(1, min(fits, ts.eval_iters) + 1) if ts.eval_iters % d == 0)
+
+    @property
+    def tokens_per_step(self) -> int:
+        ts = self.cfg.train
+        return ts.batch_size * self.model_config.block_size * ts.grad_accum_steps * self.dist.world_size
+
+
+def quiet(*args, **kwargs) -> None:
+    """A log for ranks other than 0."""
+
+
+def build_run(cfg: RunConfig, claim: Claim | None = None, overrides: list[str] | None = None) -> Run:
+    """`claim`: the run directory taken and examined already (gpt.training.claim.claim: by the
+    command line before Hydra wrote anything, or by `train`); without one the checks run here.
+    `overrides`: what the command line (or gpt.train) passed, of which the model settings it gave
+    are told apart from the defaults; None for settings built in Python, which are all given."""
+    from gpt.config.overrides import model_settings_given
+
+    given = model_settings_given(overrides) if overrides is not None else None
     ensure_console_logging()
     dist = distributed.from_env()
     log = logger.info if dist.is_main else quiet
     if claim is None:  # nobody checked these settings yet
         preflight(cfg)
-    # FSDP2 under torchrun shards over its processes, one included (its offload then fits a larger model on one GPU)
-    sharded = cfg.distributed == "fsdp" and (dist.enabled or dist.launched)
+    how = parallel.choose(cfg.distributed, cfg.cpu_offload, dist)
+    sharded = how.sharded
     local_rank = dist.local_rank if dist.enabled or sharded else None
     rt = devices.setup(cfg.device, cfg.dtype, cfg.compile, local_rank, cfg.threads, dist.local_world_size, training=True)
     distributed.init(dist, rt.device, host_tensors=cfg.cpu_offload, alone=sharded)
@@ -60,15 +142,10 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     out_dir = Path(distributed.broadcast(cfg.paths.output_dir or str(runs.new_run_dir(cfg.paths.runs_dir)), dist))
     cfg = replace(cfg, paths=replace(cfg.paths, output_dir=str(out_dir), data_dir=str(cfg.paths.data_root())))  # as used
     source = _resume_source(cfg, out_dir, dist, log, claim.point if claim is not None else None)
-    how = f"FSDP2{' with CPU offload' if cfg.cpu_offload else ''}" if sharded else "DDP"
-    processes = f"{dist.world_size} process{'es' if dist.world_size > 1 else ''}"
-    log(rt.describe() + (f"; {how} over {processes}" if dist.enabled or sharded else ""))
-    if cfg.distributed == "fsdp" and not sharded:
-        off = ", on its device (cpu_offload applies to shards)" if cfg.cpu_offload else ""
-        log(
-            "notice: distributed=fsdp shards the model over the processes torchrun starts; this is one process, so it trains "
-            f"whole{off} (torchrun --nproc_per_node=1 shards it over one)"
-        )
+    log(rt.describe() + how.describe())
+    notice = parallel.notice(cfg.distributed, cfg.cpu_offload, how)
+    if notice:
+        log(notice)
     # Per-rank seeds: no shared dropout masks (the data stream's own generator: RandomWindows).
     devices.seed_everything(cfg.seed + dist.rank)
 
@@ -78,20 +155,19 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     if resumed is not None and not cfg.init_from and (resumed.config or {}).get("init_from"):
         # a finetune resumed by its folder alone stays one (its data takes its model's tokenizer)
         cfg = replace(cfg, init_from=resumed.config["init_from"])
-    # Under FSDP2 every process builds shapes on the meta device: a new model's processes each draw
-    # their shards of its initial weights (`fresh`), a resumed one's read theirs; a finetune's base
-    # is rank 0's, whose weights the others receive.
-    new_shards = sharded and resumed is None
-    fresh, from_rank_0 = new_shards and not cfg.init_from, new_shards and bool(cfg.init_from)
+    # Under FSDP2 a new model (fresh, or a finetune's base) is rank 0's, built as one process
+    # builds it (the same random draws: a sharded run starts where one process starts), and the
+    # other processes build shapes on the meta device and receive their shards of it; a resumed
+    # sharded checkpoint's shards are read by every process into a model of shapes.
+    from_rank_0 = sharded and resumed is None
     reads_shards = sharded and resumed is not None and resumed.shards is not None
-    on_meta = reads_shards or fresh or (from_rank_0 and not dist.is_main)
-    fills = [] if fresh else None  # the fills a build with memory would make, replayed after sharding
-    building = functools.partial(meta.building, fills) if on_meta else contextlib.nullcontext
+    on_meta = reads_shards or (from_rank_0 and not dist.is_main)
+    building = _meta_building if on_meta else contextlib.nullcontext
     # The weights a new finetune starts from, loaded once: conversations are tokenized with their
     # tokenizer (a resumed finetune's checkpoint has it). Under FSDP2 rank 0 alone loads them, and
     # mapped: its model holds the file's pages, read as each tensor is sent (load_from_rank_0).
     loads_base = cfg.init_from and resumed is None and not (from_rank_0 and not dist.is_main)
-    base = loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout), mapped=from_rank_0) if loads_base else None
+    base = _base(cfg, mapped=from_rank_0) if loads_base else None
     base_tokenizer = (
         (resumed.tokenizer if resumed is not None else getattr(base, "tokenizer_spec", None)) if cfg.init_from else None
     )
@@ -106,10 +182,9 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         for notice in (kept, rt.threads.adopt(state.threads) if len(state.rng) == dist.world_size else None):
             if notice:
                 log(notice)
-    rng = distributed.broadcast(torch.get_rng_state() if dist.is_main else None, dist) if fresh else None  # rank 0's
     with building():
         if not (from_rank_0 and not dist.is_main):
-            model, model_config = _model(cfg, data, resumed, log, base, model_settings_at(out_dir))
+            model, model_config = _model(cfg, data, resumed, log, base, given)
         if from_rank_0:  # rank 0's shapes (a finetune's base may have grown or been cropped), after it built them
             distributed.barrier(dist, patient=True)
             shape = distributed.broadcast(registry.config_to_dict(model_config) if dist.is_main else None, dist)
@@ -123,27 +198,26 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     cfg = replace(cfg, optim=_schedule_settings(cfg, resumed, log))
     cfg = replace(cfg, finetune=resumed_finetune(cfg.finetune, resumed, log))
     with building():  # LoRA's adapters, on the meta device too
-        lora = prepare_finetune(model, cfg.finetune, log, new_tokens=isinstance(data.tokenizer, ChatTokenizer))
-    whole, fills = None, meta.named_fills(model, fills) if fresh else None
+        lora = prepare_finetune(model, cfg.finetune, log, new_tokens=_adds_tokens(data.tokenizer))
+    whole = None
     if from_rank_0:  # rank 0's weights (LoRA's new adapters too), kept on the CPU; its model becomes shapes
         whole = model.state_dict() if dist.is_main else {}
+        from gpt.model import meta
+
         meta.to_meta(model)
     elif not on_meta:
         model = model.to(rt.device)
     if resumed is not None and resumed.shards is None:  # whole weights into the whole model, before any sharding
         _load_weights(resumed, source, model)
     if sharded:
-        model = sharding.shard(model, rt, offload=cfg.cpu_offload)
+        model = how.shard(model, rt)
     if from_rank_0:
-        sharding.materialize(model, rt.device, cfg.cpu_offload)
-        sharding.load_from_rank_0(model, whole, rt.device)
+        how.materialize(model, rt.device)
+        parallel.load_from_rank_0(model, whole, rt.device)
         del whole
-    elif fresh:
-        sharding.materialize(model, rt.device, cfg.cpu_offload)
-        sharding.fill_initial(model, fills, rng)
-        log("built on the meta device: each process drew only its shards of the initial weights")
+        log("rank 0 built the initial weights and sent each process its shards")
     elif reads_shards:
-        sharding.materialize(model, rt.device, cfg.cpu_offload)
+        how.materialize(model, rt.device)
         log(f"built on the meta device: each process holds only its shards, read from {source.name}")
     same_kind = state is not None and state.device_type == rt.device.type  # (Newton-Schulz's dtype as the dtype's)
     optimizer = build_optimizer(model, cfg.optim, rt.device, state.ns_dtype if same_kind else None)  # after sharding
@@ -156,7 +230,8 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         log(notice)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)
     progress = _restore(resumed, source, cfg, optimizer, scaler, batches, dist, log) if resumed is not None else Progress()
-    step_model, eval_model = (model, model) if sharded else _wrap(model, rt, dist)  # shard() compiled its blocks
+    rt.tune(model)  # the device's settings for its kernels (attention's precision on a CPU)
+    step_model, eval_model = how.forwards(model, rt, dist)
     run = Run(
         cfg=cfg,
         dist=dist,
@@ -176,6 +251,7 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
         progress=progress,
         tasks=tasks,
         resumed_from=source,
+        parallel=how,
     )
     rows = cfg.train.batch_size * cfg.train.grad_accum_steps * dist.world_size
     log(
@@ -188,6 +264,27 @@ def build_run(cfg: RunConfig, claim: Claim | None = None) -> Run:
     if notice:
         log(notice)
     return run
+
+
+def _meta_building():
+    from gpt.model import meta
+
+    return meta.building()
+
+
+def _base(cfg: RunConfig, mapped: bool):
+    """The model a new finetune starts from (init_from: a run, a checkpoint, GPT-2, an HF folder)."""
+    from gpt.checkpoints import loading
+
+    return loading.load(str(cfg.init_from), dropout=float(cfg.model.dropout), mapped=mapped)
+
+
+def _adds_tokens(tokenizer) -> bool:
+    """Whether the data's tokenizer is tinygpt's chat template, whose special tokens are new rows
+    of the embedding (a finetune trains them). Its module is loaded wherever such a tokenizer
+    exists, so a run on plain text need not import it to know."""
+    template = sys.modules.get("gpt.chat.template")
+    return template is not None and isinstance(tokenizer, template.ChatTokenizer)
 
 
 def _resume_source(cfg: RunConfig, out_dir: Path, dist: distributed.Dist, log, point: ResumePoint | None) -> Path | None:
@@ -283,6 +380,8 @@ def _load_data(cfg: RunConfig, dist: distributed.Dist, log, base_tokenizer: dict
 def _eval_tasks(cfg: RunConfig, data: Dataset, dist, sharded: bool, log) -> dict[str, list]:
     """train.eval_tasks' items, read by rank 0 (gpt.evals.tasks.training_items); under FSDP2 every
     rank scores them (the sharded model runs only with all taking part), so all receive them."""
+    if not cfg.train.eval_tasks:
+        return {}
     from gpt.evals.tasks import training_items
 
     tasks = training_items(cfg.train, cfg.paths.data_root(), data.tokenizer, log) if dist.is_main else {}
@@ -327,7 +426,7 @@ def _load_weights(ckpt: Checkpoint, path: Path, model: nn.Module) -> None:
         raise TinyGPTError(f"{path} holds weights only (no optimizer state) and cannot be resumed; pass a ckpt-*.pt file")
     try:
         model.load_state_dict(ckpt.model)
-    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
+    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.training.claim.resumable); a file changed since
         raise _unfit(path, e) from None
 
 
@@ -336,10 +435,12 @@ def _read_shards(ckpt: Checkpoint, path: Path, model: nn.Module, optimizer) -> N
     and, as the optimizer state `_restore` loads, into tensors sharded like their parameters: each
     process reads only its shards, at whatever number of processes wrote them (DCP reshards).
     A checkpoint read whole instead (one process, or DDP) has its tensors already."""
+    from gpt.checkpoints import shards
+
     try:
-        targets = sharding.load_targets(model, optimizer, ckpt.training.optimizer)
+        targets = parallel.load_targets(model, optimizer, ckpt.training.optimizer)
         state = shards.read_sharded(shards.check(path, ckpt.shards), ckpt.sharded_state(), targets)
-    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
+    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.training.claim.resumable); a file changed since
         raise _unfit(path, e) from None
     ckpt.set_sharded_state(state)
 
@@ -354,7 +455,7 @@ def _restore(ckpt: Checkpoint, path: Path, cfg: RunConfig, optimizer, scaler, ba
     state = ckpt.training
     try:
         optimizer.load_state_dict(state.optimizer)
-    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.checkpoints.resume.resumable); a file changed since
+    except (RuntimeError, ValueError, KeyError) as e:  # checked up front (gpt.training.claim.resumable); a file changed since
         raise _unfit(path, e) from None
     if scaler.is_enabled() and state.scaler:  # an fp32/bf16 run's scaler state is empty
         scaler.load_state_dict(state.scaler)
@@ -381,17 +482,3 @@ def _restore(ckpt: Checkpoint, path: Path, cfg: RunConfig, optimizer, scaler, ba
     kept = ("bad_in_a_row", "elapsed_s", "best_elapsed_s", "tokens_seen")
     progress = Progress(ckpt.step, ckpt.best_val_loss, state.bad_steps, last_eval=dict(ckpt.last_eval))
     return replace(progress, **{name: getattr(state, name) for name in kept})
-
-
-def _wrap(model: nn.Module, rt: devices.Runtime, dist: distributed.Dist) -> tuple[nn.Module, nn.Module]:
-    """(the training forward, the evaluation forward): compiled when asked, DDP under torchrun."""
-    compiled = torch.compile(model) if rt.compile else model
-    if not dist.enabled:
-        return compiled, compiled
-    device_ids = [rt.device.index] if rt.device.type == "cuda" else None
-    # No buffer broadcast: the model's buffers are fixed tables (RoPE, sinusoids) equal on every
-    # rank, and broadcasting them before every forward costs a collective per step (2.13 renamed
-    # the switch and broadcasts them once at the start). Gradients in DDP's buckets: no second copy.
-    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
-    wrapped = DDP(compiled, device_ids=device_ids, gradient_as_bucket_view=True, **{no_sync: False})
-    return wrapped, compiled

@@ -1,6 +1,6 @@
-"""gpt/training/setup.py: what a run is built from, checked before it trains: the data fits the
+"""gpt/training/build.py: what a run is built from, checked before it trains: the data fits the
 context, a resumed run keeps its tokenizer and shape, any tokenizer trains end to end.
-Run: pytest tests/training/test_setup.py"""
+Run: pytest tests/training/test_build.py"""
 
 from __future__ import annotations
 
@@ -141,6 +141,15 @@ def test_eval_batches_are_capped_at_the_training_steps(tmp_path, data_root, capl
             )
         )
     assert run.cfg.train.eval_iters == 3 and "eval_iters 50 -> 3" in caplog.text
+
+
+@pytest.mark.parametrize("dtype, below", [("bfloat16", 256), ("float32", 0)])
+def test_a_cpu_run_in_bf16_attends_in_fp32_over_short_contexts(tmp_path, data_root, dtype, below):
+    """The CPU's attention policy (gpt.runtime.devices.CPU_FP32_ATTENTION_BELOW) reaches the model
+    a run trains: set by the runtime on every attention layer, nothing in float32."""
+    root, data_overrides = data_root
+    run = build_run(compose(["debug=tiny", *data_overrides, f"paths.data_dir={root}", "device=cpu", f"dtype={dtype}"], tmp_path))
+    assert [block.attn.fp32_below for block in run.model.transformer.h] == [below] * len(run.model.transformer.h)
 
 
 def test_a_run_from_before_min_lr_ratio_keeps_its_floor(tmp_path, data_root, caplog):
