@@ -54,6 +54,7 @@ def test_the_chunked_head_loss_compiles_without_a_graph_break(monkeypatch):
 def test_bf16_autocast_trains_every_block_option_on_the_cpu(name):
     """dtype=bfloat16 on the CPU is autocast as on a GPU: the matmuls run in bf16, the loss in fp32."""
     from gpt.config import AdamWSettings
+    from gpt.data.loader import Batch
     from gpt.model import registry
     from gpt.runtime import devices
     from gpt.training import train_step
@@ -73,7 +74,7 @@ def test_bf16_autocast_trains_every_block_option_on_the_cpu(name):
 
     class Same:
         def next(self):
-            return x, x.roll(-1, dims=1)
+            return Batch(x, x.roll(-1, dims=1), tokens=x.numel())
 
     seen = []
     hook = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.dtype))

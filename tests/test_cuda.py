@@ -294,8 +294,10 @@ def test_a_training_step_skips_a_non_finite_update_without_a_host_sync():
     from types import SimpleNamespace
 
     from gpt.config import MuonSettings
+    from gpt.data.loader import Batch
     from gpt.runtime import devices
     from gpt.training.optim import build_optimizer
+    from gpt.training.parallel import Parallel
     from gpt.training.step import Guard, apply_or_skip, train_step
 
     rt = devices.setup("cuda", "bfloat16", False)
@@ -305,7 +307,7 @@ def test_a_training_step_skips_a_non_finite_update_without_a_host_sync():
 
     class Same:
         def next(self):
-            return x, x
+            return Batch(x, x, tokens=x.numel())
 
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     run = SimpleNamespace(
@@ -315,6 +317,7 @@ def test_a_training_step_skips_a_non_finite_update_without_a_host_sync():
         rt=rt,
         dist=SimpleNamespace(enabled=False),
         progress=SimpleNamespace(step=0),
+        parallel=Parallel(),  # whole
     )
     guard = Guard()
     before = [p.detach().clone() for p in model.parameters()]

@@ -79,14 +79,16 @@ def test_ddp_neither_broadcasts_buffers_nor_copies_gradients(tmp_path):
 
     from gpt.model import GPT, GPTConfig
     from gpt.runtime.distributed import Dist
-    from gpt.training.build import _wrap
+    from gpt.training.parallel import Parallel
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8, pos_encoding="rope"))
         with warnings.catch_warnings(record=True) as said:  # the switch under the name torch asks for (2.13 renamed it)
             warnings.simplefilter("always")
-            step_model, eval_model = _wrap(model, SimpleNamespace(compile=False, device=torch.device("cpu")), Dist(0, 0, 2, 2))
+            step_model, eval_model = Parallel("ddp", processes=2).forwards(
+                model, SimpleNamespace(compile=False, device=torch.device("cpu")), Dist(0, 0, 2, 2)
+            )
         assert not [w for w in said if "broadcast_buffers" in str(w.message)], [str(w.message) for w in said]
         assert step_model.broadcast_buffers is False and step_model.gradient_as_bucket_view is True
 

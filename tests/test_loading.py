@@ -95,7 +95,6 @@ def test_a_resumable_checkpoint_is_one_whose_weights_fit_and_a_rewritten_one_is_
     claim's business: once, tests/apps/test_train.py); a file rewritten since it was seen to fit
     is refused if it no longer fits."""
     from gpt.checkpoints.checkpoint import TrainingState
-    from gpt.training import claim as resume
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=8))
@@ -106,8 +105,8 @@ def test_a_resumable_checkpoint_is_one_whose_weights_fit_and_a_rewritten_one_is_
         path, Checkpoint(model=model.state_dict(), model_config=model.config.to_dict(), tokenizer=spec, step=3, training=state)
     )
     built = []
-    real = resume.model_from_checkpoint
-    monkeypatch.setattr(resume, "model_from_checkpoint", lambda *a, **k: built.append(1) or real(*a, **k))
+    real = loading.model_from_checkpoint  # (claim imports it as it examines a checkpoint)
+    monkeypatch.setattr(loading, "model_from_checkpoint", lambda *a, **k: built.append(1) or real(*a, **k))
     assert resumable(path).step == 3
     assert len(built) == 1
     wrong = {k: (v[:4] if k == "transformer.wte.weight" else v) for k, v in model.state_dict().items()}

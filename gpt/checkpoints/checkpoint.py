@@ -18,6 +18,7 @@ Format history (`format` in the file):
      torch.distributed.checkpoint (gpt.checkpoints.shards); the file holds a placeholder for each
      tensor and `shards`, the folder's name and its files' sizes. Unsharded runs still write 3;
      a tinygpt that reads only up to 3 refuses a 4 in one line (upgrade).
+Older files are upgraded as they load, by the rows of one table (`_UPGRADES`).
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ class Checkpoint:
                 f"{where} was written by tinygpt {payload.get('tinygpt_version', '?')} in checkpoint format {fmt}; this "
                 f"tinygpt ({__version__}) reads formats up to {FORMAT}: upgrade tinygpt (pip install -U tinygpt)"
             )
-        if fmt == 1:
-            payload = _upgrade_from_1(payload)
+        for formats, upgrade in _UPGRADES:
+            if fmt in formats:
+                payload = upgrade(payload)
         missing = [k for k in ("model", "model_config", "tokenizer") if k not in payload]
         if missing:
             raise TinyGPTError(f"{where} is not a tinygpt checkpoint (no {', '.join(missing)} inside)")
@@ -126,12 +128,10 @@ class Checkpoint:
         if isinstance(ckpt.training, dict):
             state = {f.name for f in fields(TrainingState)}
             ckpt.training = TrainingState(**{k: v for k, v in ckpt.training.items() if k in state})
-        # Checkpoints written from a compiled model by older code carry the wrapper's prefix.
-        ckpt.model = {k.removeprefix(_COMPILED_PREFIX): v for k, v in ckpt.model.items()}
         return ckpt
 
 
-def _upgrade_from_1(old: dict) -> dict:
+def _nest_training_state(old: dict) -> dict:
     new = {k: v for k, v in old.items() if k not in ("optimizer", "scaler", "loader", "rng", "bad_steps", "bad_in_a_row")}
     new.setdefault("tinygpt_version", "0.1.0")
     if "optimizer" in old:
@@ -145,6 +145,25 @@ def _upgrade_from_1(old: dict) -> dict:
             "bad_in_a_row": old.get("bad_in_a_row", 0),
         }
     return new
+
+
+def _drop_compiled_prefix(old: dict) -> dict:
+    if not isinstance(old.get("model"), dict):  # not a checkpoint: refused below, saying so
+        return old
+    return {**old, "model": {k.removeprefix(_COMPILED_PREFIX): v for k, v in old["model"].items()}}
+
+
+# How an older checkpoint is read today, in one table: (the formats it applies to, the upgrade),
+# applied in order on every load. What a later format added as an optional field (threads,
+# dtype, elapsed_s, tokens_seen, ...) needs no row: its default says "unknown", and the reader
+# of each field says what unknown means. (A run's settings from before optim.min_lr_ratio are
+# read where the schedule is resolved: gpt.training.build.)
+_UPGRADES = (
+    (range(1, 2), _nest_training_state),  # format 1 kept the training state at the top level
+    # earlier writers saved a compiled model's keys with torch.compile's prefix (which format
+    # they wrote was not recorded with it: every one is read so)
+    (range(1, FORMAT + 1), _drop_compiled_prefix),
+)
 
 
 def save(path: str | Path, ckpt: Checkpoint) -> None:

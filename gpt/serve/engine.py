@@ -31,7 +31,6 @@ from gpt.errors import TinyGPTError
 from gpt.generation import TextStream, decode_kernels, next_tokens
 from gpt.model import GPT
 from gpt.model.cache import KVCache
-from gpt.runtime.devices import CPU_FP32_ATTENTION_BELOW
 
 logger = logging.getLogger("tinygpt")
 
@@ -147,13 +146,14 @@ class Engine:
         compiled on first use: here, before serving, rather than minutes into a request. The shapes:
         one row or several (dynamo specialises sizes of 1), each with a prompt of one token or of
         more (a window a row past the context re-encodes is one of these: see gpt.model.cache.SPARE), and the
-        one-token steps after a prompt: 6. Under bf16 autocast on a CPU, attention over 256 positions
-        or more is another branch (gpt.runtime.devices.CPU_FP32_ATTENTION_BELOW), so with a context
-        that long, prompts of 256 tokens too: 8 (COMPILED_SHAPES). The counters start from zero
-        again after it."""
+        one-token steps after a prompt: 6. Where the runtime has attention run in fp32 below some
+        length (bf16 autocast on a CPU: gpt.runtime.devices.CPU_FP32_ATTENTION_BELOW), prompts of
+        that length or more are another branch, so with a context that long, prompts of that length
+        too: 8 (COMPILED_SHAPES). The counters start from zero again after it."""
         t0 = time.perf_counter()
         settings = SamplingSettings(max_new_tokens=2, temperature=0.0, stop_at_eot=False)  # every row takes both steps
-        widths = [1, 2] + ([CPU_FP32_ATTENTION_BELOW] if self.block >= CPU_FP32_ATTENTION_BELOW else [])
+        below = max((getattr(m, "fp32_below", 0) for m in self.model.modules()), default=0)  # Runtime.tune's
+        widths = [1, 2] + ([below] if 0 < below <= self.block else [])
         for rows in (1, 2):
             for width in widths:
                 self._decode_and_wait([[0] * width] * rows, settings)

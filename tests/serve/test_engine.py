@@ -97,14 +97,17 @@ def test_jobs_batched_and_joining_mid_flight_equal_generation_alone(block_size):
         engine.close()
 
 
-def _compiled_engine(block_size: int, **kw) -> tuple[Engine, list]:
+def _compiled_engine(block_size: int, rt=None, **kw) -> tuple[Engine, list]:
     """An engine over a model compiled for decoding with a counting backend in place of
-    inductor, and the list of graphs it compiles."""
+    inductor, and the list of graphs it compiles; `rt`: the runtime that places the model, as
+    `tinygpt serve` does."""
     from gpt.generation import compile_for_generation
 
     graphs: list = []
     torch.compiler.reset()
     model = _model(block_size, pos_encoding="rope", norm="rmsnorm", qk_norm=True)
+    if rt is not None:
+        rt.place(model)
     compile_for_generation(model, backend=lambda gm, _: graphs.append(gm) or gm.forward, graphs=16)
     return Engine(model, CharTokenizer(list(ALPHABET)), max_batch=8, **kw), graphs
 
@@ -168,9 +171,11 @@ def test_a_compiled_engine_with_inductor_serves_what_eager_generation_gives():
 def test_under_bf16_autocast_on_a_cpu_warm_up_covers_attention_over_256_positions_too():
     """On a CPU under bf16 autocast attention runs in fp32 below 256 positions and in bf16 from
     there: a branch on the prompt's length, so 8 graphs, all compiled at warm-up."""
+    from gpt.runtime import devices
     from gpt.serve.engine import COMPILED_SHAPES
 
-    engine, graphs = _compiled_engine(300, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    rt = devices.Runtime(torch.device("cpu"), torch.bfloat16, compile=True)
+    engine, graphs = _compiled_engine(300, rt, autocast=rt.autocast)
     try:
         engine.warm_up()
         assert len(graphs) == COMPILED_SHAPES == 8

@@ -243,7 +243,6 @@ def test_training_samples_decode_in_fp32_on_a_cpu_that_trains_in_bf16(tmp_path, 
     """The samples a run shows are decoded as sample.py decodes on a CPU: fp32, no autocast, even
     where the steps train under bf16 autocast (faster there, docs/performance.md); on the device
     the run computes on, named (not the weights', which CPU offload keeps in host memory)."""
-    import gpt.training.loop as loop
 
     root, data_overrides = data_root
     run = build_run(compose([*QUICK, *data_overrides, f"paths.data_dir={root}", "dtype=bfloat16"], tmp_path))
@@ -254,7 +253,7 @@ def test_training_samples_decode_in_fp32_on_a_cpu_that_trains_in_bf16(tmp_path, 
         seen.append((torch.is_autocast_enabled("cpu"), device))
         return [["text"]]
 
-    monkeypatch.setattr(loop, "generate", generate)
+    monkeypatch.setattr("gpt.generation.generate", generate)  # the loop imports it as it samples
     assert Trainer(run).sample(8) == "text"
     # and on the run's device, named: under FSDP2's CPU offload the weights are not there
     assert seen == [(False, run.rt.device)]
