@@ -1,6 +1,6 @@
-"""How a run's model is spread over its processes, decided once (`choose`) and applied in one
-place (`Parallel.apply`): whole (one process), DDP (a copy per process, gradients all-reduced)
-or FSDP2 (`distributed=fsdp`: every process holds 1/N of each parameter, its gradient and its
+"""How a run's model is spread over its processes, decided once (`choose`, into a `Parallel`) and
+applied by that value (`Parallel.shard`, `.materialize`, `.forwards`): whole (one process), DDP
+(a copy per process, gradients all-reduced) or FSDP2 (`distributed=fsdp`: every process holds 1/N of each parameter, its gradient and its
 optimizer state, and gathers a block's full weights only while that block runs).
 torch's `fully_shard` does the sharding (per-parameter DTensors, one all-gather per block forward
 and backward, one reduce-scatter of the gradients); this module applies it to a GPT and moves
