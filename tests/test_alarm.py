@@ -45,6 +45,26 @@ def test_news_brings_another_process_s_reason(listening):
     assert alarm.news(wait_s=2.0) == "process 0 of 2 failed: data refused"
 
 
+def test_a_process_waiting_for_news_is_not_ended_by_its_listener(monkeypatch):
+    """A process whose collective failed (a peer gone) asks for news and waits, longer than the
+    listener's grace: the listener, which heard the same failure, must not end it (it would exit
+    1 with nothing recorded, as a clean-clone CI run once saw under load)."""
+    store = dist.TCPStore("127.0.0.1", free_port(), 2, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(alarm, "POLL_S", 0.05)
+    monkeypatch.setattr(alarm, "GRACE_S", 0.1)
+    monkeypatch.setattr(alarm, "EXIT_S", 1.0)  # ten times the grace
+    ended = []
+    monkeypatch.setattr(alarm.Listener, "_end", lambda self, reason: ended.append(reason))
+    alarm.listen(store, rank=1, world_size=2, hosting=False)
+    try:
+        store.set(alarm.FAILED, "process 0 of 2 failed: data refused")
+        assert alarm.news(wait_s=2.0) == "process 0 of 2 failed: data refused"
+        assert ended == []
+        assert store.check(["heard/1"])  # the host need not wait for this one
+    finally:
+        alarm.stop()
+
+
 def test_a_process_that_exits_tells_the_host_it_need_not_wait_for_it(listening):
     assert not listening.check(["heard/1"])
     alarm.stop()

@@ -64,7 +64,6 @@ def guard(fn: Callable[[], T]) -> T:
             alarm.announce(one_line(e))
             raise
         told = alarm.news(wait_s=alarm.GRACE_S)  # the other process's own reason (gpt.runtime.alarm)
-        alarm.leave()
         if told is not None:
             fail(f"process {rank()} of {world_size()} stops because {told}")
         line = (str(e).strip().splitlines() or [""])[0]

@@ -161,6 +161,9 @@ def news(wait_s: float) -> str | None:
     listener, deadline = _listener, time.monotonic() + wait_s
     if listener is None:
         return None
+    # A process that asks has left its collective: its listener stands down first, or it would
+    # end this process (exit status 1, no record) during the waits below, which may outlast GRACE_S.
+    leave()
     if listener.told:  # asked before: the answer stands (no second wait)
         return listener.told[0]
     own, reason = f"process {listener.rank} of ", None

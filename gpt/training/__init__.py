@@ -94,7 +94,6 @@ def train(
             told = alarm.news(wait_s=alarm.GRACE_S)
             if told is not None:
                 _record_failure(cfg, dist, told, overrides, replaces=alarm.cut_short(e))  # what the trainer recorded
-            alarm.leave()
         else:  # the other processes stop now instead of waiting for this one
             alarm.announce(one_line(out_of_memory(e) or e))
         raise
