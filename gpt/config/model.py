@@ -27,7 +27,10 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
 RECURRENT = ("rnn", "lstm", "gru")
 LABELS = ("name",)  # fields that name a model without changing it
-DERIVED = ("n_kv_head", "head_dim", "mlp_hidden", "qkv_bias")  # resolved from the others when null
+DERIVED = ("n_kv_head", "head_dim", "mlp_hidden", "qkv_bias", "vocab_multiple")  # resolved from the others when null
+# A vocabulary of PAD_FROM tokens or more is padded to a multiple of PAD_MULTIPLE rows unless
+# model.vocab_multiple says otherwise: a few dozen rows more, and the LM head's matmul aligned.
+PAD_FROM, PAD_MULTIPLE = 1024, 64
 
 
 @dataclass
@@ -38,8 +41,9 @@ class GPTConfig:
     # The embedding and LM-head tables are padded to a multiple of this many rows (1: none): GPU
     # matmuls over 50304 rows run at full speed where 50257 do not. vocab_size stays the
     # tokenizer's, and the model's logits cover it only, so a padded id is never sampled, scored
-    # or exported. Records without it (older checkpoints) are unpadded.
-    vocab_multiple: int = 1
+    # or exported. null: PAD_MULTIPLE from PAD_FROM tokens on (a BPE), 1 below (char, byte).
+    # Records without it (older checkpoints) and imported weights are unpadded.
+    vocab_multiple: int | None = None
     block_size: int = 64  # longest context the model can attend over
     n_layer: int = 4
     n_head: int = 4
@@ -82,8 +86,12 @@ class GPTConfig:
         if self.vocab_size is not None:
             _require_positive("vocab_size", self.vocab_size)
         _require_fraction("dropout", self.dropout)
-        if not _positive_int(self.vocab_multiple):
-            raise TinyGPTError(f"model.vocab_multiple must be a positive integer (1: no padding), got {self.vocab_multiple!r}")
+        if self.vocab_multiple is not None and not _positive_int(self.vocab_multiple):
+            raise TinyGPTError(
+                f"model.vocab_multiple must be a positive integer (1: no padding) or null, got {self.vocab_multiple!r}"
+            )
+        if self.vocab_multiple is None and self.vocab_size is not None:  # (null until the tokenizer's size is known)
+            self.vocab_multiple = PAD_MULTIPLE if self.vocab_size >= PAD_FROM else 1
         for name in ("bias", "qk_norm", "tie_embeddings", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TinyGPTError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
@@ -145,8 +153,9 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GPTConfig:
-        """From a mapping such as a checkpoint's record; unknown keys are refused by name."""
-        return cls(**_known(cls, d, "a GPT"))
+        """From a mapping such as a checkpoint's record; unknown keys are refused by name. A record
+        from before vocab_multiple existed was unpadded."""
+        return cls(**{"vocab_multiple": 1, **_known(cls, d, "a GPT")})
 
     def changed(self, **changes) -> GPTConfig:
         """This config with some settings changed, and the derived values that followed from the

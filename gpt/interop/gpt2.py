@@ -52,6 +52,7 @@ def load(folder: Path, config: dict, dropout: float = 0.0, mapped: bool = False)
     check(folder, config)
     model_config = GPTConfig(
         vocab_size=config["vocab_size"],
+        vocab_multiple=1,  # the folder's tables, row for row
         block_size=config.get("n_positions", config.get("n_ctx", 1024)),
         n_layer=config["n_layer"],
         n_head=config["n_head"],

@@ -91,6 +91,7 @@ def _config(folder: Path, config: dict, dropout: float) -> GPTConfig:
     kv_heads = config.get("num_key_value_heads") or heads
     return GPTConfig(
         vocab_size=config["vocab_size"],
+        vocab_multiple=1,  # the folder's tables, row for row
         block_size=config.get("max_position_embeddings", 2048),
         n_layer=config["num_hidden_layers"],
         n_head=heads,

@@ -68,6 +68,7 @@ def load(folder: Path, config: dict, dropout: float = 0.0, mapped: bool = False)
     check(folder, config)
     model_config = GPTConfig(
         name=config.get("tinygpt_name", "gpt"),
+        vocab_multiple=1,  # an export holds the tokenizer's rows only
         dropout=dropout,
         tie_embeddings=bool(config.get("tie_word_embeddings", True)),
         **{name: config[name] for name in _FIELDS if name in config},

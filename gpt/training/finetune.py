@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from gpt.config import FinetuneSettings
+from gpt.config.model import PAD_FROM, PAD_MULTIPLE
 from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.tokenizers import require_same, without_template
@@ -124,7 +125,7 @@ def add_chat_tokens(model, tokenizer, log=print) -> None:
     if hasattr(model.config, "vocab_multiple") and emb.num_embeddings < need:
         # A table re-allocated anyway is padded for free: a BPE vocabulary to a multiple of 64
         # (GPT-2's 50257 + 4 -> 50304, not a misaligned 50261); a char or byte one as it was.
-        multiple = max(model.config.vocab_multiple, 64 if need >= 1024 else 1)
+        multiple = max(model.config.vocab_multiple, PAD_MULTIPLE if need >= PAD_FROM else 1)
         model.config.vocab_multiple = multiple
         size = -(-need // multiple) * multiple
     size = max(size, need)

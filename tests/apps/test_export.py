@@ -143,3 +143,29 @@ def _a_finished_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+@pytest.mark.slow
+def test_a_gpt2_bpe_run_pads_its_tables_and_exports_the_tokenizer_s_vocabulary(tmp_path, data_root, gpt2_ranks):
+    """model=gpt-nano on GPT-2's BPE: model.vocab_multiple left null pads the 50,257 tokens to
+    50,304 rows (a multiple of 64, as GPU matmuls want); the logits, the export and its tokenizer
+    keep 50,257."""
+    import json
+
+    from safetensors import safe_open
+
+    root, data_overrides = data_root
+    run = tmp_path / "run"
+    steps = ["train.max_iters=1", "train.eval_iters=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    proc = run_script("train.py", ["model=gpt-nano", "data=shakespeare", *data_overrides, *steps, f"hydra.run.dir={run}"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    model = loading.load(str(run)).model
+    assert model.lm_head.weight.size(0) == model.transformer.wte.weight.size(0) == 50304
+    assert model(torch.zeros(1, 4, dtype=torch.long))[0].size(-1) == 50257
+    out = tmp_path / "hf"
+    proc = run_script("export", [f"run_dir={run}", f"out={out}"], tmp_path, root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 50257
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        rows = {f.get_slice(k).get_shape()[0] for k in f.keys() if k.endswith(("wte.weight", "lm_head.weight"))}
+    assert rows == {50257}
