@@ -146,3 +146,31 @@ def test_the_chat_templates_tokens_grow_a_bpe_table_to_a_multiple_of_64(tied):
     add_chat_tokens(padded, tokenizer, log=lambda *_: None)
     assert padded.transformer.wte.weight is table and padded.config.vocab_size == 50261
     assert torch.allclose(table[50257:50261], table[:50257].mean(0).expand(4, -1))
+
+
+def test_a_gpu_s_runtime_sizes_the_chunks_from_its_memory(monkeypatch):
+    """Runtime.tune gives the loss the logits a GPU has room for (an eighth of its memory at 8
+    bytes an element): GPT-2 124M's 16 x 1024 rows go whole on an 80 GB device and in chunks on a
+    24 GB one; a CPU keeps GPT.LOSS_CHUNK_ELEMENTS. The model follows the value it was given."""
+    from types import SimpleNamespace
+
+    from gpt.runtime.devices import Runtime
+
+    step = 16 * 1024 * 50304
+    for gib, whole in ((80, True), (24, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, gib=gib: SimpleNamespace(total_memory=gib << 30))
+        with torch.device("meta"):
+            model = GPT(GPTConfig(vocab_size=50257, block_size=1024, n_layer=1, n_head=1, n_embd=8))
+        Runtime(torch.device("cuda"), torch.bfloat16, compile=False).tune(model)
+        assert (step <= model.loss_chunk_elements) == whole, gib
+    model = GPT(tiny(vocab_size=250, vocab_multiple=64))
+    Runtime(torch.device("cpu"), torch.float32, compile=False).tune(model)
+    assert model.loss_chunk_elements is None
+    chunks = []
+    monkeypatch.setattr("gpt.model.gpt.checkpoint", lambda fn, *a, **k: chunks.append(1) or fn(*a))
+    x = torch.randint(0, 250, (4, 16))
+    model(x, x)
+    assert chunks == []  # 64 rows x 256: under the CPU's limit, whole
+    model.loss_chunk_elements = 16 * 256
+    model(x, x)
+    assert len(chunks) == 4  # 16 rows a chunk

@@ -60,8 +60,10 @@ class GPT(nn.Module):
     # training forward: the head and the loss run over chunks of rows, each recomputed in the
     # backward pass (torch has no fused linear + cross-entropy). 16 x 1024 rows of GPT-2's
     # vocabulary in fp32 would be 3.3 GB; below the limit (every CPU recipe) the plain path is
-    # faster.
+    # faster. `loss_chunk_elements`, where set, replaces it: a GPU's runtime sizes it from the
+    # device's memory (gpt.runtime.devices.Runtime.tune), so that logits that fit go whole.
     LOSS_CHUNK_ELEMENTS = 2**25
+    loss_chunk_elements: int | None = None
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -176,11 +178,11 @@ class GPT(nn.Module):
 
     def _loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the targets that are not -1 (see next_token_loss)."""
-        rows = x.size(0) * x.size(1)
-        if rows * self.config.padded_vocab_size <= self.LOSS_CHUNK_ELEMENTS:
+        rows, limit = x.size(0) * x.size(1), self.loss_chunk_elements or self.LOSS_CHUNK_ELEMENTS
+        if rows * self.config.padded_vocab_size <= limit:
             return next_token_loss(self._logits(x), targets)
         h, y = x.reshape(rows, -1), targets.reshape(-1)
-        chunk = max(1, self.LOSS_CHUNK_ELEMENTS // self.config.padded_vocab_size)
+        chunk = max(1, limit // self.config.padded_vocab_size)
         c = self.config
         total = sum(
             checkpoint(_head_loss_sum, self.lm_head, hc, yc, c.vocab_size, c.logit_softcap, use_reentrant=False)

@@ -26,6 +26,12 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # opt-out, hence a setting the model's attention reads (Runtime.tune).
 CPU_FP32_ATTENTION_BELOW = 256
 
+# On a GPU the training forward's logits go whole while they and their gradient (fp32: 8 bytes an
+# element) take at most an eighth of the device's memory: GPT-2 124M's 16 x 1024 x 50304 logits
+# (6.6 GB so counted) on an 80 GB GPU in one piece, on a 24 GB one in 3 chunks. Chunks cost
+# launches and a recomputed head (~9% more FLOPs at 25 chunks); GPT.LOSS_CHUNK_ELEMENTS elsewhere.
+GPU_LOGIT_BYTES_SHARE = 8 * 8
+
 
 @dataclass
 class Runtime:
@@ -55,10 +61,16 @@ class Runtime:
 
     def tune(self, model: torch.nn.Module) -> None:
         """This device's settings for the model's kernels, on the modules that take them: the
-        attention precision (`fp32_attention_below`, CausalSelfAttention.fp32_below)."""
+        attention precision (`fp32_attention_below`, CausalSelfAttention.fp32_below) and, on a GPU,
+        the logits the loss takes whole (GPT.loss_chunk_elements, GPU_LOGIT_BYTES_SHARE)."""
+        logits = None
+        if self.device.type == "cuda":
+            logits = torch.cuda.get_device_properties(self.device).total_memory // GPU_LOGIT_BYTES_SHARE
         for module in model.modules():
             if hasattr(module, "fp32_below"):
                 module.fp32_below = self.fp32_attention_below
+            if hasattr(module, "loss_chunk_elements"):
+                module.loss_chunk_elements = logits
 
     def autocast(self):
         if self.dtype == torch.float32:
