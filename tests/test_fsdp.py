@@ -90,6 +90,34 @@ def test_cpu_offload_puts_every_unit_under_torchs_offload_policy(tmp_path):
             units = [m for m in model.modules() if isinstance(m, FSDPModule)]
             policies = [type(u._get_fsdp_state()._fsdp_param_group.offload_policy) for u in units]
             assert len(units) == 3 and all((p is CPUOffloadPolicy) == offload for p in policies)
+            assert not any(u._get_fsdp_state()._mp_policy.cast_forward_inputs for u in units)  # (mixed_precision's)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_a_bf16_policy_the_rope_tables_reach_attention_in_fp32(tmp_path):
+    """FSDP2 with bf16 weights (parallel.mixed_precision, as on CUDA) in one process of a gloo
+    group: the blocks' inputs are not cast, so RoPE's cos and sin enter every attention layer in
+    fp32 while the residual stream is bf16."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from gpt.model import GPT, GPTConfig
+    from gpt.runtime import devices
+    from gpt.training import parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        rt = devices.Runtime(torch.device("cpu"), torch.float32, compile=False)
+        policy = parallel.mixed_precision(rt, param_dtype=torch.bfloat16)
+        model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16, pos_encoding="rope"))
+        seen = []
+        for block in model.transformer.h:
+            block.attn.register_forward_pre_hook(lambda m, args: seen.append((args[0].dtype, args[3][0].dtype, args[3][1].dtype)))
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        logits, _ = model(torch.randint(0, 16, (2, 8)))
+        assert seen == [(torch.bfloat16, torch.float32, torch.float32)] * 2 and torch.isfinite(logits).all()
     finally:
         dist.destroy_process_group()
 

@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim))
-        nn.init.ones_(self.weight)  # (a fill torch.nn.init makes: gpt.model.meta records it for sharded starts)
+        nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's fused kernel, not the formula spelled out: bitwise the same in float32, and its

@@ -154,13 +154,11 @@ def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Mo
     and the gradients are reduced in fp32; the shards, and the optimizer, stay fp32. `offload`:
     the shards and their gradients in host memory (pinned, on CUDA), copied to the device for each
     all-gather: the optimizer steps them there."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     if not hasattr(model, "transformer"):  # a recurrent model resumed or started from (init_from)
         raise TinyGPTError("distributed=fsdp shards a GPT block by block; this run's model is recurrent: use distributed=ddp")
-    policy = MixedPrecisionPolicy()
-    if rt.device.type == "cuda" and rt.dtype == torch.bfloat16:
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    policy = mixed_precision(rt)
     kwargs = {"offload_policy": CPUOffloadPolicy(pin_memory=rt.device.type == "cuda")} if offload else {}
     for block in model.transformer.h:
         if rt.compile:
@@ -168,6 +166,23 @@ def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Mo
         fully_shard(block, mp_policy=policy, **kwargs)
     fully_shard(model, mp_policy=policy, **kwargs)
     return model
+
+
+def mixed_precision(rt: devices.Runtime, param_dtype: torch.dtype | None = None):
+    """FSDP2's precision: on CUDA with bf16 the weights are gathered in bf16 and the gradients
+    reduced in fp32; elsewhere fp32 throughout (`param_dtype` says otherwise, for tests). The
+    blocks' inputs are never cast: torch's default casts every floating input of a sharded module
+    to the weights' dtype, and RoPE's cos/sin tables would enter attention in bf16, rotating far
+    positions less exactly than one process does (torchtitan does the same). The residual stream
+    is bf16 anyway, from the bf16 weights; norms take their statistics in fp32 (RMSNorm by itself,
+    LayerNorm under autocast)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if param_dtype is None and rt.device.type == "cuda" and rt.dtype == torch.bfloat16:
+        param_dtype = torch.bfloat16
+    if param_dtype is None:
+        return MixedPrecisionPolicy(cast_forward_inputs=False)
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
 def load_from_rank_0(model: nn.Module, whole: dict, device: torch.device) -> None:
