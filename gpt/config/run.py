@@ -102,7 +102,7 @@ class TrainSettings:
     grad_accum_steps: int = 1
     grad_clip: float = 1.0  # 0 disables clipping
     eval_interval: int = 250
-    eval_iters: int = 50  # batches per split at each eval
+    eval_iters: int = 50  # batches (of batch_size rows) per split at each eval, shared out over the processes
     log_interval: int = 50
     sample_tokens: int = 200  # a sample printed when training ends (0: none)
     keep_last: int = 2  # step checkpoints kept in <run>/checkpoints (plus best.pt)

@@ -88,27 +88,25 @@ class Run:
     def ckpt_dir(self) -> Path:
         return self.out_dir / runs.CKPT_DIR
 
-    def batches_for(self, split: str, batch_size: int, seed: int) -> Batches:
-        """This rank's batches of a split, as training draws them."""
-        return self.data.batches(
-            split, self.model_config.block_size, batch_size, self.rt.device, seed, self.dist.rank, self.dist.world_size
-        )
+    def batches_for(self, split: str, batch_size: int, seed: int, alone: bool = False) -> Batches:
+        """This rank's batches of a split, as training draws them; `alone`: all of each batch, as
+        one process draws them (an eval's, which the ranks then share out: Trainer.evaluate)."""
+        rank, world = (0, 1) if alone else (self.dist.rank, self.dist.world_size)
+        return self.data.batches(split, self.model_config.block_size, batch_size, self.rt.device, seed, rank, world)
 
-    @property
-    def eval_group(self) -> int:
+    def eval_group(self, count: int) -> int:
         """How many of an eval's batches go through one forward pass. Small batches of text (the
         quickstart's: 12 x 64 tokens) are short passes that each pay the model's per-pass overhead;
         concatenated up to EVAL_PASS_TOKENS tokens, they take less time (the quickstart's eval,
         its 50 batches a split in 10 passes of 5: 527 ms against 664, medians of 8 on this 2-core
         CPU; passes of 10 batches took 553) and give the same mean (batches of one shape, every
-        token weighing the same). A divisor of train.eval_iters: every pass one shape, one graph
+        token weighing the same). A divisor of `count`: every pass one shape, one graph
         where compiled. Conversations (of other widths, and trained ids) and batches of that size
-        already: one at a time."""
-        ts = self.cfg.train
-        fits = EVAL_PASS_TOKENS // (ts.batch_size * self.model_config.block_size)
-        if self.data.kind != "text" or fits < 2:
+        already: one at a time. `count`: the batches a rank evaluates of each split."""
+        fits = EVAL_PASS_TOKENS // (self.cfg.train.batch_size * self.model_config.block_size)
+        if self.data.kind != "text" or fits < 2 or count < 2:
             return 1
-        return max(d for d in range(1, min(fits, ts.eval_iters) + 1) if ts.eval_iters % d == 0)
+        return max(d for d in range(1, min(fits, count) + 1) if count % d == 0)
 
     @property
     def tokens_per_step(self) -> int:

@@ -86,24 +86,45 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over `eval_iters` batches per split, averaged over ranks. The batches are the
-        same at every eval (fixed seed), so successive evals compare the model, not the draw; small
-        ones go through a pass `group` at a time (Run.eval_group)."""
-        r, group = self.run, self.run.eval_group
+        """Mean loss over `eval_iters` batches per split: the batches one process draws (a fixed
+        seed: the same at every eval, so successive evals compare the model, not the draw),
+        shared out over the ranks (rank r takes every world-th from the r-th) and their losses
+        summed over them, so that N processes evaluate what one does in 1/N of the time. Every
+        rank runs as many passes (a sharded forward needs all of them): where the batches do not
+        share out evenly, a rank without a last one runs the first again, weighing nothing. Small
+        batches go through a pass `group` at a time (Run.eval_group)."""
+        r, n = self.run, self.ts.eval_iters
+        rank, world = r.dist.rank, r.dist.world_size
+        full = n // world  # the batches every rank has
+        group = r.eval_group(full)
         r.step_model.eval()
         out = {}
         for i, split in enumerate(("train", "val")):
-            batches = r.batches_for(split, self.ts.batch_size, seed=r.cfg.seed + 1 + i)
-            total = torch.zeros((), device=r.rt.device)
-            for _ in range(self.ts.eval_iters // group):
-                drawn = [batches.next() for _ in range(group)]
-                x, y = torch.cat([b.x for b in drawn]), torch.cat([b.y for b in drawn])
-                with r.rt.autocast():
-                    _, loss = r.eval_model(x, y)
-                total += loss.float() * group
-            out[split] = distributed.mean(total / self.ts.eval_iters, r.dist).item()
+            batches = r.batches_for(split, self.ts.batch_size, seed=r.cfg.seed + 1 + i, alone=True)
+            total, part, first, last = torch.zeros((), device=r.rt.device), [], None, None
+            for j in range(n):  # every rank draws all n (one process's stream), keeping its own
+                batch = batches.next()
+                first = batch if j == 0 else first
+                if j % world != rank:
+                    continue
+                if j // world == full:  # a last one, beyond what every rank has
+                    last = batch
+                    continue
+                part.append(batch)
+                if len(part) == group:
+                    total += self._eval_loss(part) * group
+                    part = []
+            if full * world < n:  # one pass more on every rank: its last batch, or the first for nothing
+                total += self._eval_loss([first if last is None else last]) * (last is not None)
+            out[split] = distributed.mean(total / n, r.dist).item() * world
         r.step_model.train()
         return out
+
+    def _eval_loss(self, batches: list) -> torch.Tensor:
+        """The mean loss of batches of one shape, in one forward pass."""
+        with self.run.rt.autocast():
+            _, loss = self.run.eval_model(torch.cat([b.x for b in batches]), torch.cat([b.y for b in batches]))
+        return loss.float()
 
     def evaluate_tasks(self) -> dict[str, dict]:
         """train.eval_tasks' figures for the model as it is now ({task: {metric: value}}; rank 0,

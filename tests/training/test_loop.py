@@ -448,11 +448,11 @@ def test_small_eval_batches_go_through_one_pass_together_with_the_same_means(tmp
     rows, block = run.cfg.train.batch_size, run.model_config.block_size
     monkeypatch.setattr(state, "EVAL_PASS_TOKENS", 4 * rows * block)  # room for 4; 3 divides 6
     grouped = trainer.evaluate()
-    assert run.eval_group == 3 and passes == [(3 * rows, block)] * 4  # 2 passes a split
+    assert run.eval_group(6) == 3 and passes == [(3 * rows, block)] * 4  # 2 passes a split
     passes.clear()
     monkeypatch.setattr(state, "EVAL_PASS_TOKENS", rows * block)  # room for one: a pass each
     single = trainer.evaluate()
-    assert run.eval_group == 1 and passes == [(rows, block)] * 12
+    assert run.eval_group(6) == 1 and passes == [(rows, block)] * 12
     assert all(abs(grouped[s] - single[s]) < 1e-5 for s in ("train", "val")), (grouped, single)
     monkeypatch.setattr(run.data, "kind", "chat")  # conversations: of other widths, one at a time
-    assert run.eval_group == 1
+    assert run.eval_group(6) == 1
