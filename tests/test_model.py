@@ -171,7 +171,7 @@ def test_flops_per_token_for_gpt2_shape():
     # nanoGPT's MFU estimate for GPT-2 124M at T=1024: N = 123.65M non-embedding-table params,
     # 6N + 12*L*C*T = 741.9M + 113.2M FLOPs per token.
     with torch.device("meta"):
-        model = GPT(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+        model = GPT(GPTConfig(vocab_size=50257, vocab_multiple=1, block_size=1024, n_layer=12, n_head=12, n_embd=768))
     assert model.num_params(non_embedding=True) == 123_653_376
     assert model.flops_per_token() == 6 * 123_653_376 + 12 * 12 * 768 * 1024
 
