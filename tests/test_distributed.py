@@ -83,7 +83,12 @@ def test_an_eval_is_one_process_s_eval_shared_out_over_the_ranks(tmp_path, data_
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
     env["ROWS_LOG"] = str(tmp_path / "rows-")
     ddp = subprocess.run(
-        [*TORCHRUN, *common, f"distributed={how}", f"hydra.run.dir={tmp_path / 'ddp'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [*TORCHRUN, *common, f"distributed={how}", f"hydra.run.dir={tmp_path / 'ddp'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     for rank in (0, 1):  # two evals (steps 0 and 5) of two splits: 3 batches of 4 rows each

@@ -157,7 +157,9 @@ def test_a_gpt2_bpe_run_pads_its_tables_and_exports_the_tokenizer_s_vocabulary(t
     root, data_overrides = data_root
     run = tmp_path / "run"
     steps = ["train.max_iters=1", "train.eval_iters=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
-    proc = run_script("train.py", ["model=gpt-nano", "data=shakespeare", *data_overrides, *steps, f"hydra.run.dir={run}"], tmp_path, root)
+    proc = run_script(
+        "train.py", ["model=gpt-nano", "data=shakespeare", *data_overrides, *steps, f"hydra.run.dir={run}"], tmp_path, root
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     model = loading.load(str(run)).model
     assert model.lm_head.weight.size(0) == model.transformer.wte.weight.size(0) == 50304
