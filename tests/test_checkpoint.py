@@ -110,21 +110,54 @@ def test_not_a_checkpoint(tmp_path):
         checkpoint.load(tmp_path / "text.pt")
 
 
-def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+class _FillingFile:
+    """A file on a disk with `room` bytes left: writes beyond it fail as a full disk's do."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+
+def test_a_save_onto_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """torch's own zip writer on a disk that fills mid-write (it raises RuntimeError "unexpected
+    pos", the OSError only its context): one TinyGPTError naming the folder, the space free and
+    the space needed; the previous file as it was, no temporary left."""
+    from gpt.runtime import io
+
     checkpoint.save(tmp_path / "c.pt", _ckpt())
     good = (tmp_path / "c.pt").read_bytes()
-
-    def crash(obj, f):
-        f.write(b"partial")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(
-        TinyGPTError, match=r"cannot write checkpoint .*c\.pt \(No space left on device\); the previous one is kept"
-    ):
+    monkeypatch.setattr(io, "open", lambda *a, **k: _FillingFile(open(*a, **k), room=2000), raising=False)
+    with pytest.raises(TinyGPTError) as error:
         checkpoint.save(tmp_path / "c.pt", _ckpt())
+    message = str(error.value)
+    assert "\n" not in message and f"c.pt (No space left on device: {tmp_path} has " in message, message
+    assert re.search(r"the checkpoint needs about \d+ KiB\); the previous checkpoints are kept: free space", message), message
     assert (tmp_path / "c.pt").read_bytes() == good
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_a_save_failing_for_another_reason_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    def broken(obj, f):
+        raise RuntimeError("a bug in a writer")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="a bug in a writer"):
+        checkpoint.save(tmp_path / "c.pt", _ckpt())
+    assert not list(tmp_path.iterdir())
 
 
 class _Exploit:

@@ -50,3 +50,27 @@ def test_one_line_keeps_a_users_error_and_shortens_others():
     assert one_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
     assert one_line(KeyError()) == "KeyError"
     assert len(one_line(RuntimeError("x" * 5000))) < 400
+
+
+def test_a_full_disk_met_by_any_write_is_one_line_naming_the_folder(tmp_path, capsys):
+    """A command that fills the disk outside a checkpoint (a log, summary.json, prepared data):
+    `error: ...` and exit status 2, naming the folder; any other OSError stays a bug's traceback."""
+    from gpt.apps.common import guard
+
+    target = tmp_path / "run" / "summary.json.tmp-1"
+
+    def fills():
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    with pytest.raises(SystemExit) as stopped:
+        guard(fills)
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and "\n" not in err
+    assert err.startswith(f"error: cannot write into {tmp_path / 'run'} (No space left on device)"), err
+    assert "free space, then run the command again" in err
+
+    def denied():
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(OSError, match="Input/output"):
+        guard(denied)

@@ -5,6 +5,7 @@ one-line error for any mistake, and running a command so that a user's mistake e
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -71,6 +72,15 @@ def guard(fn: Callable[[], T]) -> T:
         fail(
             f"process {rank()} of {world_size()} stopped because another process of this run exited ({reason}): "
             f"its error line, or its exit status in the launcher's summary, says why"
+        )
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # not the user's disk: a bug, with its traceback
+            alarm.announce(one_line(e))
+            raise
+        # Everything a later run reads is written atomically (gpt.runtime.io): what was written before stays whole.
+        where = Path(e.filename).parent if e.filename else "the output folder"
+        fail(
+            f"cannot write into {where} ({e.strerror}); what was written before is intact: free space, then run the command again"
         )
     except Exception as e:  # a bug: its traceback follows, and the other processes stop too
         alarm.announce(one_line(e))

@@ -23,8 +23,10 @@ Older files are upgraded as they load, by the rows of one table (`_UPGRADES`).
 
 from __future__ import annotations
 
+import errno
 import math
 import pickle
+import shutil
 import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -172,17 +174,48 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
     crc = getattr(torch.serialization, "get_crc32_options", lambda: True)()
     if not crc:
         torch.serialization.set_crc32_options(True)
+    payload = ckpt.to_payload()
     try:
         with atomic_write(path) as f:
-            torch.save(ckpt.to_payload(), f)
-    except OSError as e:
-        raise TinyGPTError(
-            f"cannot write checkpoint {path} ({e.strerror or e}); the previous one is kept: free space or "
-            f"choose another paths.runs_dir / hydra.run.dir"
-        ) from None
+            torch.save(payload, f)
+    except (OSError, RuntimeError) as e:
+        # torch's zip writer turns a failed write into RuntimeError("... unexpected pos ...") with
+        # the OSError as its context; any other RuntimeError is not the disk's and goes up as it is.
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise TinyGPTError(_unwritable(Path(path), cause, payload)) from None
     finally:
         if not crc:
             torch.serialization.set_crc32_options(False)
+
+
+def _unwritable(path: Path, e: OSError, payload: dict) -> str:
+    """Why `path` could not be written, in one line; on a full disk, the space free beside the
+    space the checkpoint needs (its tensors' bytes: the rest is kilobytes)."""
+    why = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        storages: dict[int, int] = {}
+        for t in _tensors(payload):
+            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        free = shutil.disk_usage(path.parent).free
+        why = f"{why}: {path.parent} has {_size(free)} free, the checkpoint needs about {_size(sum(storages.values()))}"
+    return (
+        f"cannot write checkpoint {path} ({why}); the previous checkpoints are kept: free space or choose another "
+        f"paths.runs_dir / hydra.run.dir, then resume"
+    )
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for v in value for t in _tensors(v)] if isinstance(value, (list, tuple)) else []
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{max(n, 1) / 2**10:.0f} KiB"
 
 
 def _check_sums(path: Path) -> None:

@@ -106,6 +106,10 @@ class TrainSettings:
     log_interval: int = 50
     sample_tokens: int = 200  # a sample printed when training ends (0: none)
     keep_last: int = 2  # step checkpoints kept in <run>/checkpoints (plus best.pt)
+    # checkpoints written by a thread from a copy of the state while training goes on (host memory
+    # the size of the state is kept for the copy); false: the step waits for the write. FSDP2 runs
+    # write their shards blocking either way.
+    async_save: bool = True
     max_bad_steps: int = 5  # non-finite steps are skipped; this many in a row stop the run
     peak_flops: float | None = None  # accelerator peak FLOP/s for MFU (null: known GPUs are looked up)
     eval_sample_tokens: int = 100  # a short sample at every eval, in TensorBoard's Text tab (0: none)

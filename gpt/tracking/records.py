@@ -121,6 +121,7 @@ class RunRecords:
     ):
         """`clock`: the run's elapsed seconds (metrics.jsonl's `elapsed_s`); `summary`: fields of
         summary.json known at the start."""
+        self.out_dir = out_dir
         self.tb = TensorBoardTracker(out_dir / "tb") if out_dir is not None else NullTracker()
         self.metrics = MetricsFile(out_dir / "metrics.jsonl" if out_dir is not None else None, clock)
         # A resumed run carries its record on (its last eval's figures stay until the next one).
@@ -154,7 +155,18 @@ class RunRecords:
         self.summary.update(tasks={name: {**f, "step": step} for name, f in figures.items()})
 
     def close(self) -> None:
-        """The run's end, with its status (TensorBoard's HParams tab shows it per session)."""
-        self.tb.end(self.summary.data.get("status", "running"))
-        self.tb.close()
-        self.metrics.close()
+        """The run's end, with its status (TensorBoard's HParams tab shows it per session). A disk
+        that cannot take them is one line (TinyGPTError), once every record had its try."""
+        failed = None
+        for part in (lambda: self.tb.end(self.summary.data.get("status", "running")), self.tb.close, self.metrics.close):
+            try:
+                part()
+            except OSError as e:
+                failed = failed or e
+        if failed is not None:
+            from gpt.errors import TinyGPTError
+
+            raise TinyGPTError(
+                f"cannot write the run's records in {self.out_dir} ({failed.strerror or failed}); its checkpoints are "
+                f"as the log says: free space, then resume"
+            )

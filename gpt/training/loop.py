@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from gpt.checkpoints import runs
+from gpt.checkpoints.writer import Writer
 from gpt.errors import TinyGPTError, one_line, out_of_memory
 from gpt.model import compute, registry
 from gpt.runtime import alarm, devices, distributed
@@ -50,6 +51,9 @@ class Trainer:
         self.evals_done = 0
         self.records = RunRecords()  # fit() opens the real ones on rank 0
         self.guard = steps.Guard()  # the non-finite verdicts not read yet
+        # Rank 0 writes whole checkpoints in this thread (gpt.checkpoints.writer); sharded runs
+        # write their shards through DCP, blocking.
+        self.writer = Writer(run.rt.device) if self.ts.async_save and not run.parallel.sharded else None
         self.tokens_in_interval = 0  # real tokens this rank trained on since the last log line
         # A sharded model (FSDP2) runs only with every rank taking part, so every rank computes the
         # samples and task scores training shows (the same: same weights, seed and items) and rank 0
@@ -74,6 +78,8 @@ class Trainer:
         if self._histograms_at(r.progress.step + 1):  # gradients exist only until the update below
             self._histograms(r.progress.step + 1, "grads")
         steps.apply_or_skip(r, result, self.guard)
+        if self.writer is not None and not self.writer.ready and r.dist.is_main:  # the state to save exists now
+            self.writer.prepare([saving.fill(r, self.last_eval, rng=[])])
         r.progress.step += 1
         r.progress.tokens_seen += r.tokens_per_step
         self.tokens_in_interval += result.tokens
@@ -138,10 +144,14 @@ class Trainer:
                 for name, items in r.tasks.items()
             }
 
-    def save(self, best: bool = False) -> Path | None:
-        """A full-state checkpoint of the current step, and best.pt if `best` (see saving.save)."""
+    def save(self, best: bool = False, wait: bool = True) -> Path | None:
+        """A full-state checkpoint of the current step, and best.pt if `best` (see saving.save).
+        Returns once it is on disk; wait=False (the loop's saves, under train.async_save): while
+        the writer's thread writes it."""
         self.run.progress.elapsed_s = self.elapsed()
-        path = saving.save(self.run, self.last_eval, best, self.ts.keep_last)
+        path = saving.save(self.run, self.last_eval, best, self.ts.keep_last, self.writer)
+        if wait:
+            saving.flush(self.run, self.writer)
         if path is not None and path.name == runs.step_file(self.run.progress.step):
             self.saved_step = self.run.progress.step
         return path
@@ -191,6 +201,7 @@ class Trainer:
             total=self.ts.max_iters, initial=r.progress.step, unit="step", dynamic_ncols=True, leave=False, disable=not shown
         )
         said = alarm.last_words(lambda reason: self.records.summary.update(status="failed", error=reason))  # see train()
+        failing: BaseException | None = None
         said.__enter__()
         try:
             stop.deferred = True  # from here a signal is answered between steps, with a checkpoint
@@ -216,6 +227,7 @@ class Trainer:
                     r.log(f"{stop.reason} received: the final sample skipped (training had finished and was saved)")
                 except TinyGPTError as e:  # a diverged model has nothing to show; the run itself is done
                     r.log(f"notice: no final sample: {e}")
+            saving.flush(r, self.writer)  # the last checkpoint is on disk before the run says it is done
             stop.deferred = False
             status = "interrupted" if stopped else "finished"
             self.records.summary.update(
@@ -223,23 +235,33 @@ class Trainer:
             )
         except BaseException as e:
             stop.deferred = False
+            if self.writer is not None:  # a write in flight completes (or fails alone) before the error goes up
+                self.writer.wait()
             failed = not isinstance(e, (KeyboardInterrupt, Preempted))
             oom = out_of_memory(e)
             # a collective cut short by a peer that exited is that peer's failure, not this process's
             reason = alarm.cut_short(e) if alarm.peer_gone(e) else one_line(oom or e)
-            self.records.summary.update(
-                status="failed" if failed else "interrupted",
-                error=reason if failed else None,
-                wall_s=time.time() - self.t_start,
-                elapsed_s=self.elapsed(),
-            )
+            failing = e
+            # (on a full disk the records may not be written either: the error that stopped the run goes up)
+            with contextlib.suppress(OSError):
+                self.records.summary.update(
+                    status="failed" if failed else "interrupted",
+                    error=reason if failed else None,
+                    wall_s=time.time() - self.t_start,
+                    elapsed_s=self.elapsed(),
+                )
             if oom is not None:
                 raise oom from None
             raise
         finally:
             said.__exit__(None, None, None)
             bar.close()
-            self.records.close()
+            try:
+                self.records.close()
+            except TinyGPTError as e:
+                if failing is None:
+                    raise
+                r.log(f"warning: {e}")
         if stopped:
             raise Preempted(f"stopped at step {r.progress.step}")
         self._log_done()
@@ -299,8 +321,12 @@ class Trainer:
             # Alone, the stop flag is a host bool; under torchrun reading the ranks' flags is an
             # all-reduce and a host sync, so it happens every STOP_CHECK_EVERY steps, and after
             # each eval (a sync already, and a stop there needs no second save).
+            # A background checkpoint write that failed (a full disk) stops the run at the same
+            # check, every rank raising its error (saving.flush), rather than at the next save.
             check = not r.dist.enabled or evaluated or (step - first) % STOP_CHECK_EVERY == 0
-            if check and distributed.any_true(stop.requested, r.dist, r.rt.device):
+            failed_write = self.writer is not None and self.writer.failed
+            if check and distributed.any_true(stop.requested or failed_write, r.dist, r.rt.device):
+                saving.flush(r, self.writer)
                 self.settle()
                 self._stop(stop)
                 return True
@@ -348,6 +374,7 @@ class Trainer:
         r = self.run
         # Saved already when the stop comes right after an eval's save, or before the first step
         # of a resumed run: once is enough (a preemption's grace period is short).
+        saving.flush(r, self.writer)  # an eval's checkpoint in flight is on disk before it is named
         path = runs.latest(r.out_dir) if self.saved_step == r.progress.step else self.save()
         r.log(f"stopped at step {r.progress.step} ({stop.reason or 'signal on another rank'}); checkpoint {path or 'none'}")
 
@@ -394,7 +421,7 @@ class Trainer:
             best_elapsed_s=p.best_elapsed_s,
         )
         if step > 0:
-            self.save(best=improved)
+            self.save(best=improved, wait=False)
 
     def _log_tasks(self, step: int, results: dict[str, dict]) -> None:
         figures = {name: {k: v for k, v in res.items() if k not in ("task", "items")} for name, res in results.items()}

@@ -11,6 +11,7 @@ import torch
 
 from gpt.checkpoints import checkpoint, runs
 from gpt.checkpoints.checkpoint import Checkpoint, TrainingState
+from gpt.checkpoints.writer import Writer
 from gpt.errors import TinyGPTError
 from gpt.model import registry
 from gpt.runtime import devices, distributed
@@ -89,35 +90,52 @@ def healthy(run: Run, last_eval: dict[str, float]) -> bool:
     return not distributed.any_true(not finite, run.dist, run.rt.device)
 
 
-def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int) -> Path | None:
+def save(run: Run, last_eval: dict[str, float], best: bool, keep_last: int, writer: Writer | None = None) -> Path | None:
     """A full-state checkpoint of the current step, and best.pt if `best` (rank 0 writes; every
     rank must call). Not while training is going wrong (see `healthy`): that state is no place
-    to resume from, and retention would prune the good checkpoints for it. Returns the newest
-    good checkpoint."""
-    if not healthy(run, last_eval):
+    to resume from, and retention would prune the good checkpoints for it. With a `writer`, the
+    files are written in its thread from a copy of the state (gpt.checkpoints.writer): the
+    previous save's write is waited for first, and its failure raised here. Returns the newest
+    good checkpoint (with a writer: the one being written)."""
+    failed = writer.wait() if writer is not None else None
+    if failed is None and not healthy(run, last_eval):
         run.log(f"notice: step {run.progress.step} not saved (non-finite loss or weights); checkpoints kept as they are")
         return runs.latest(run.out_dir)
     path = run.ckpt_dir / runs.step_file(run.progress.step)
     rng = distributed.gather(devices.rng_state(run.rt.device), run.dist)  # every rank's own
     whole = whole_weights(run) if best else None
-    failed: TinyGPTError | None = None
+    sharded = None
     try:
         sharded = sharded_state(run, path) if run.parallel.sharded else None
     except TinyGPTError as e:  # every rank failed alike (DCP gathers the failures): the file is not written
-        failed, sharded = e, None
+        failed = failed or e
     if run.dist.is_main and failed is None:
+        full = fill(run, last_eval, rng=rng, state=sharded)
+        full.shards = sharded["shards"] if sharded is not None else None
+        jobs = [(path, full)] + ([(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None, state=whole))] if best else [])
         try:
-            if best:
-                checkpoint.save(run.ckpt_dir / runs.BEST, fill(run, last_eval, rng=None, state=whole))
-            full = fill(run, last_eval, rng=rng, state=sharded)
-            full.shards = sharded["shards"] if sharded is not None else None
-            checkpoint.save(path, full)
-            runs.prune(run.out_dir, keep_last)
+            if writer is not None:
+                writer.submit(jobs, then=lambda: runs.prune(run.out_dir, keep_last))
+            else:
+                for where, ckpt in jobs:
+                    checkpoint.save(where, ckpt)
+                runs.prune(run.out_dir, keep_last)
         except TinyGPTError as e:  # e.g. a full disk: the other ranks must not wait for rank 0 forever
             failed = e
-    if distributed.any_true(failed is not None, run.dist, run.rt.device):  # every rank learns of it, and stops
-        raise failed or TinyGPTError(f"rank 0 could not save step {run.progress.step}; see its error")
+    _agree(run, failed)
     return path
+
+
+def flush(run: Run, writer: Writer | None) -> None:
+    """Wait for the writer's checkpoint in flight (every rank must call): when this returns, it
+    is on disk, or every rank raises the error that stopped it."""
+    _agree(run, writer.wait() if writer is not None else None)
+
+
+def _agree(run: Run, failed: TinyGPTError | None) -> None:
+    if distributed.any_true(failed is not None, run.dist, run.rt.device):  # every rank learns of it, and stops
+        # (a background write's failure is learned a save later: other ranks know only when)
+        raise failed or TinyGPTError(f"rank 0 could not save a checkpoint (noticed at step {run.progress.step}); see its error")
 
 
 def _merged(model, weights: dict) -> dict:
