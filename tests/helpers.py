@@ -102,6 +102,63 @@ for name in ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all
 """
 
 
+# A sitecustomize that counts, for every training step of Trainer.step, the tensors read on the
+# host (bool(t), t.item(), t.tolist(), float(t), ...: on a GPU each waits for the device) and the
+# collectives the optimizer's step issues (c10d ops, DTensor's included), one JSON line a step in
+# $STEP_COUNTS<rank>. The data pipeline's reads are not counted: it draws and slices host tensors
+# (CPU tensors on a GPU too), which no device computes.
+STEP_COUNTER = """
+import json, os, sys
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from gpt.training import loop, optim
+
+READS = {"__bool__", "item", "tolist", "__float__", "__int__", "__index__", "numpy", "__repr__", "__format__"}
+
+
+class Reads(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        host_data = "/gpt/data/" in sys._getframe(1).f_code.co_filename.replace(os.sep, "/")
+        self.n += getattr(func, "__name__", "") in READS and not host_data
+        return func(*args, **(kwargs or {}))
+
+
+class Collectives(TorchDispatchMode):
+    n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        Collectives.n += str(func).split(".")[0] in ("c10d", "_c10d_functional")
+        return func(*args, **(kwargs or {}))
+
+
+real_step, real_opt_step = loop.Trainer.step, optim.Optimizers.step
+
+
+def opt_step(self, *args, **kwargs):
+    with Collectives():
+        return real_opt_step(self, *args, **kwargs)
+
+
+def step(self):
+    Collectives.n = 0
+    with Reads() as reads:
+        out = real_step(self)
+    groups = len(self.run.optimizer.param_groups)
+    with open(os.environ["STEP_COUNTS"] + os.environ.get("RANK", "0"), "a") as f:
+        f.write(json.dumps({"reads": reads.n, "collectives": Collectives.n, "groups": groups}) + "\\n")
+    return out
+
+
+loop.Trainer.step = step
+optim.Optimizers.step = opt_step
+"""
+
+
 def hooked_pythonpath(folder: Path, source: str) -> str:
     """A PYTHONPATH for a subprocess that runs `source` as its sitecustomize module before
     anything else (to make a library fail the way a test needs), with the checkout's gpt."""

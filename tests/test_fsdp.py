@@ -19,7 +19,7 @@ import torch
 
 from gpt.checkpoints import checkpoint, loading, runs
 from gpt.config.model import RNNConfig
-from helpers import NCCL_RULES, REPO, hooked_pythonpath, llama_folder, run_script, worker_pids
+from helpers import NCCL_RULES, REPO, STEP_COUNTER, hooked_pythonpath, llama_folder, run_script, worker_pids
 
 # fp32 training and Newton-Schulz: the comparison is of the sharding, not of bf16's rounding
 EXACT = ["dtype=float32", "device=cpu", "threads=1"]
@@ -308,6 +308,56 @@ def test_two_sharded_processes_train_like_one(tmp_path, data_root, shape, optim,
 
 
 @pytest.mark.slow
+def test_a_sharded_step_reads_nothing_on_the_host_and_muon_exchanges_twice(tmp_path, data_root):
+    """Under FSDP2 a training step queues its work and moves on: no tensor is read on the host
+    in any step between logs (bool(t), .item(), ...: on a GPU each is a wait for the device; the
+    non-finite guard used to read its flag every step), and the optimizer's step issues two
+    collectives (Muon's two all-to-alls; 28 here when it gathered matrix by matrix): no more than
+    the optimizer's parameter groups."""
+    root, data = data_root
+    args = [*data, *SHAPES["gpt2-block"], *MUON, *EXACT, "train.max_iters=6", "train.eval_interval=6"]
+    args += ["train.eval_iters=1", "train.log_interval=100", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    (tmp_path / "hooks").mkdir()
+    hooks = hooked_pythonpath(tmp_path / "hooks", NCCL_RULES + STEP_COUNTER)
+    two = _torchrun(
+        2,
+        [*args, "train.batch_size=4", "distributed=fsdp", f"hydra.run.dir={tmp_path / 'two'}"],
+        tmp_path,
+        root,
+        PYTHONPATH=hooks,
+        STEP_COUNTS=str(tmp_path / "counts-"),
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    for rank in (0, 1):
+        steps = [json.loads(line) for line in (tmp_path / f"counts-{rank}").read_text().splitlines()]
+        assert len(steps) == 6
+        assert [s["reads"] for s in steps] == [0] * 6, (rank, steps)
+        assert all(s["collectives"] == 2 <= s["groups"] for s in steps), (rank, steps)
+
+
+@pytest.mark.slow
+def test_one_sharded_process_compiled_and_recomputing_trains_like_one_compiled_process(tmp_path, data_root):
+    """`torchrun --nproc_per_node=1 train.py distributed=fsdp compile=true
+    model.activation_checkpointing=true`: FSDP2 over a group of one, its blocks compiled one by
+    one and their activations recomputed in the backward, trains within 1e-4 of one process
+    compiling its whole model, without a recompile past the training and evaluation graphs."""
+    root, data = data_root
+    args = [*data, *SHAPES["llama"], *MUON, *EXACT, "compile=true", "model.activation_checkpointing=true"]
+    args += ["train.max_iters=10", "train.eval_interval=10", "train.eval_iters=2", "train.log_interval=1"]
+    args += ["train.sample_tokens=0", "train.eval_sample_tokens=0"]
+    one = run_script("train.py", [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    alone = _torchrun(
+        1, [*args, "distributed=fsdp", f"hydra.run.dir={tmp_path / 'alone'}"], tmp_path, root, TORCH_LOGS="recompiles"
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "FSDP2 over 1 process" in alone.stdout and "compile on" in alone.stdout
+    assert "recompile_limit" not in alone.stderr and alone.stderr.count("Recompiling function") <= 1, alone.stderr[-3000:]
+    assert len(_losses(tmp_path / "alone")) == 10
+    assert _max_diff(_metrics(tmp_path / "one", "train"), _metrics(tmp_path / "alone", "train"), "loss") <= 1e-4
+
+
+@pytest.mark.slow
 def test_torchrun_with_one_process_shards_over_it_with_cpu_offload(tmp_path, data_root):
     """`torchrun --nproc_per_node=1 train.py distributed=fsdp cpu_offload=true` shards over a
     group of one (on one GPU, FSDP2's CPU offload is what fits a larger model): it says so, its
@@ -582,14 +632,16 @@ def test_eval_tasks_histograms_and_attention_maps_under_fsdp_are_the_whole_model
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers through /proc")
-def test_cpu_offload_trains_like_one_process_and_resumes_bitwise(tmp_path, data_root):
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_cpu_offload_trains_like_one_process_and_resumes_bitwise(tmp_path, data_root, optim):
     """cpu_offload=true (FSDP2's CPUOffloadPolicy; on this CPU the shards are in host memory
     already, so this runs the wiring: the policy, materializing the shards in host memory, the
-    optimizer stepping them there): 12 steps within 1e-5 of one process, and a run stopped by
-    SIGTERM to rank 1 resumes (on the meta device, its shards read into host memory) to the
-    uninterrupted run's end bitwise."""
+    optimizer stepping them there, Muon's rows sent to the run's device for Newton-Schulz and
+    back): 12 steps within 1e-5 of one process, and a run stopped by SIGTERM to rank 1 resumes
+    (on the meta device, its shards read into host memory) to the uninterrupted run's end bitwise."""
     root, data = data_root
-    args = [*data, *SHAPES["gpt2-block"], "optim=adamw", *EXACT, "train.max_iters=12", "train.eval_interval=4"]
+    args = [*data, *SHAPES["gpt2-block"], *(MUON if optim == "muon" else ["optim=adamw"]), *EXACT]
+    args += ["train.max_iters=12", "train.eval_interval=4"]
     args += ["train.eval_iters=2", "train.log_interval=1", "train.sample_tokens=0", "train.eval_sample_tokens=0"]
     offload = ["distributed=fsdp", "cpu_offload=true", "train.batch_size=4"]
     one = run_script("train.py", [*args, "train.batch_size=8", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, root)

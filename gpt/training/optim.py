@@ -24,7 +24,7 @@ from torch.optim.optimizer import _get_fused_kernels_supported_devices
 from gpt.config import AdamWSettings, MuonSettings
 from gpt.errors import TinyGPTError
 from gpt.runtime import devices
-from gpt.training.parallel import is_sharded, like, shard_like, whole
+from gpt.training.parallel import is_sharded, local, shard_like
 
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon: they push every singular value
 # of the normalised matrix towards 1 in 5 steps, without needing to converge exactly.
@@ -97,9 +97,13 @@ class Muon(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         ns_steps: int = 5,
         ns_dtype: torch.dtype = torch.float32,
+        device: torch.device | None = None,
     ):
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "ns_steps": ns_steps})
         self.ns_dtype = ns_dtype  # how the machine computes, not a hyperparameter: kept out of the state dict
+        # Where Newton-Schulz runs (the run's device): under FSDP2's cpu_offload the shards and
+        # their momentum sit in host memory, and the matrices are orthogonalised on the accelerator.
+        self.device = device
 
     @torch.no_grad()
     def step(self, closure=None, *, found_inf: torch.Tensor | None = None):
@@ -109,7 +113,7 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
-                skip = None if found_inf is None else found_inf.to(params[0].device, non_blocking=True) != 0
+                skip = None if found_inf is None else found_inf.to(local(params[0]).device, non_blocking=True) != 0
                 self._update(group, params, skip)
         return loss
 
@@ -117,8 +121,12 @@ class Muon(torch.optim.Optimizer):
         for p in params:
             if "momentum_buffer" not in self.state[p]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        # Under FSDP2 the arithmetic runs on this process's rows as plain tensors, written through
+        # to the shards (DTensor refuses the plain skip flag beside its tensors, and its dispatch
+        # would cost every elementwise op); the whole matrices meet only in `_orthogonalized`.
+        rows = [local(p) for p in params]
+        grads = [local(p.grad) for p in params]
+        bufs = [local(self.state[p]["momentum_buffer"]) for p in params]
         lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
         if skip is not None:
             # A skipped step, on the device: its gradients are replaced by the momentum (a where,
@@ -131,69 +139,131 @@ class Muon(torch.optim.Optimizer):
         updates = torch._foreach_lerp(grads, bufs, momentum)  # Nesterov: look one step ahead
         if skip is not None:
             torch._foreach_mul_(updates, (~skip).to(updates[0].dtype))  # Newton-Schulz takes 0 to 0
-        torch._foreach_mul_(params, decay)
-        # Matrices of one shape go through Newton-Schulz as one batch: a few large matmuls
-        # instead of many small ones. All shapes are started before any is applied, so that
-        # under DDP one shape's exchange overlaps the next shape's Newton-Schulz.
-        by_shape: dict[torch.Size, list[int]] = {}
-        for i, p in enumerate(params):
-            by_shape.setdefault(p.shape, []).append(i)
-        if is_sharded(params[0]):
-            # Sharded: each update gathered whole (Newton-Schulz does not split by rows), `world` at
-            # a time, shared out among the processes as under DDP, and each result cut back to this
-            # process's rows (src_data_rank=None: sliced locally) and applied before the next are
-            # gathered: a step never holds more than 2 x world whole matrices.
-            world, first = _replicas()[1], 0
-            for shape, idx in by_shape.items():
-                for chunk in (idx[start : start + world] for start in range(0, len(idx), world)):
-                    ortho, exchange = self._orthogonalize([whole(updates[i]) for i in chunk], group["ns_steps"], first)
-                    self._apply(params, lr, shape, chunk, ortho, exchange)
-                    first += len(chunk)
-            return
-        started, first = [], 0
-        for shape, idx in by_shape.items():
-            started.append((shape, idx, *self._orthogonalize([updates[i] for i in idx], group["ns_steps"], first)))
-            first += len(idx)
-        for entry in started:
-            self._apply(params, lr, *entry)
+        torch._foreach_mul_(rows, decay)
+        ortho = self._orthogonalized(updates, [p.shape for p in params], group["ns_steps"], is_sharded(params[0]))
+        for p, row, o in zip(params, rows, ortho):
+            # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
+            row.add_(o, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
-    @staticmethod
-    def _apply(params: list[torch.Tensor], lr, shape, idx: list[int], ortho: list[torch.Tensor], exchange) -> None:
-        if exchange is not None:
-            exchange.wait()  # NCCL: the compute stream waits on the device, not the host
-        # Keller Jordan's scale: tall matrices get sqrt(rows/cols) so their update RMS matches.
-        scale = math.sqrt(max(1.0, shape[0] / shape[1]))
-        for j, i in enumerate(idx):
-            p, o = params[i], ortho[j]
-            p.add_(like(o, p), alpha=-lr * scale)  # sharded: this process's rows of the whole result
+    def _orthogonalized(self, updates: list[torch.Tensor], shapes: list[torch.Size], steps: int, sharded: bool):
+        """Each update (this process's rows of it where `sharded`) orthogonalised as a whole
+        matrix: returns the results, cut like `updates`.
 
-    def _orthogonalize(self, updates: list[torch.Tensor], steps: int, first: int) -> tuple[list[torch.Tensor], dist.Work | None]:
-        """Newton-Schulz on `updates`, matrices of one shape: returns their orthogonalised
-        forms, and the exchange to wait for before reading them (None in one process).
-
-        Under DDP every rank holds the same updates (momentum of all-reduced gradients), so
-        orthogonalising all of them on every rank is the same work done N times. Instead matrix
-        j is orthogonalised by rank (first + j) % N only (numbered across the shapes from
-        `first`, so the ranks' shares stay within one matrix of each other), and an all_gather
-        of equal-size stacks (a rank with one matrix fewer sends a zero one) gives every rank
-        all of them. The momentum stays on every rank, so the optimizer state, and the
-        checkpoint rank 0 writes, are what one process would hold."""
+        One process orthogonalises everything, matrices of one shape as one batch (a few large
+        matmuls instead of many small ones). Several share the work: matrix j (numbered shape by
+        shape) is orthogonalised by rank j % N only, and every rank then takes its results in one
+        exchange for the whole group (a collective per matrix, ~96 a step at 124M, would each wait
+        for the slowest rank). Under DDP every rank holds the same updates (momentum of all-reduced
+        gradients): one all-gather hands each rank all the results. Under FSDP2 each rank holds
+        rows of every update: one all-to-all brings each matrix's rows to its owner, and one more
+        sends each rank its rows of the results. The momentum stays where it is, so the optimizer
+        state, and the checkpoint, are what one process would hold."""
         rank, world = _replicas()
+        by_shape: dict[torch.Size, list[int]] = {}
+        for i, shape in enumerate(shapes):
+            by_shape.setdefault(shape, []).append(i)
+        numbered = [i for idx in by_shape.values() for i in idx]
+        owned = [numbered[r::world] for r in range(world)]  # each rank's share, within one matrix of the others'
         if world == 1:
-            return list(orthogonalize(torch.stack(updates), steps, self.ns_dtype)), None
-        n, share = len(updates), -(-len(updates) // world)
-        mine = updates[(rank - first) % world :: world]
-        local = updates[0].new_zeros((share, *updates[0].shape))
-        if mine:
-            ortho = orthogonalize(torch.stack(mine), steps, self.ns_dtype)
-            # contiguous: a tall matrix's result is a transposed view, which gloo copies and NCCL
-            # refuses ("Tensors must be contiguous")
-            local = ortho.contiguous() if len(mine) == share else torch.cat([ortho, local[len(mine) :]])
-        gathered = local.new_empty((world * share, *local.shape[1:]))  # rank r's stack at rows r*share...
-        # all_gather_single: newer torch's name for all_gather_into_tensor (deprecated in 2.13; older torch has only that).
-        exchange = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        work = exchange(gathered, local, async_op=True)
-        return [gathered[(first + j) % world * share + j // world] for j in range(n)], work
+            mine = {i: u.to(self.device or u.device, non_blocking=True) for i, u in enumerate(updates)}
+        elif sharded:
+            mine = _rows_to_owners(updates, shapes, owned, self.device)
+        else:
+            mine = {i: updates[i] for i in owned[rank]}
+        done: dict[int, torch.Tensor] = {}
+        for idx in by_shape.values():
+            idx = [i for i in idx if i in mine]
+            if idx:
+                done.update(zip(idx, orthogonalize(torch.stack([mine[i] for i in idx]), steps, self.ns_dtype)))
+        if world == 1:
+            return [done[i].to(u.device) for i, u in enumerate(updates)]  # (to host memory: blocking)
+        if sharded:
+            return _rows_from_owners(done, updates, shapes, owned)
+        return _gathered(done, updates, owned)
+
+
+def _flat(tensors: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """`tensors` flattened into one contiguous vector (empty where there are none): one message."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else like.new_empty(0)
+
+
+def _gathered(done: dict[int, torch.Tensor], updates: list[torch.Tensor], owned: list[list[int]]) -> list[torch.Tensor]:
+    """DDP: this rank's results (`done`) and every other rank's, from one all-gather of equal-size
+    messages (a rank with fewer elements pads its own)."""
+    rank, world = _replicas()
+    sizes = [sum(updates[i].numel() for i in idx) for idx in owned]
+    message = updates[0].new_zeros(max(sizes))
+    message[: sizes[rank]] = _flat([done[i] for i in owned[rank]], message)
+    gathered = message.new_empty(world * message.numel())  # rank r's message at r * len(message)
+    # all_gather_single: newer torch's name for all_gather_into_tensor (deprecated in 2.13; older torch has only that).
+    exchange = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    exchange(gathered, message)
+    out: list[torch.Tensor | None] = [None] * len(updates)
+    for r, idx in enumerate(owned):
+        offset = r * message.numel()
+        for i in idx:
+            out[i] = gathered[offset : offset + updates[i].numel()].view(updates[i].shape)
+            offset += updates[i].numel()
+    return out
+
+
+def _rows(shape: torch.Size, rank: int, world: int) -> slice:
+    """The rows of a `shape` matrix that FSDP2 gives `rank`: torch.chunk's pieces of dim 0."""
+    piece = -(-shape[0] // world)
+    return slice(min(rank * piece, shape[0]), min((rank + 1) * piece, shape[0]))
+
+
+def _rows_to_owners(updates: list[torch.Tensor], shapes: list[torch.Size], owned: list[list[int]], device):
+    """FSDP2: every rank's rows of each update sent to the matrix's owner (one all-to-all), on
+    `device` (the accelerator, also where cpu_offload keeps the rows in host memory); returns
+    this rank's matrices whole."""
+    rank, world = _replicas()
+    for u, shape in zip(updates, shapes):
+        part = _rows(shape, rank, world)
+        if u.shape[0] != part.stop - part.start:  # FSDP2 cut it another way than this assumes: never mix rows up
+            raise TinyGPTError(f"a shard of {tuple(shape)} holds {u.shape[0]} rows on rank {rank}; report this")
+    send = _flat([updates[i] for idx in owned for i in idx], updates[0]).to(device or updates[0].device)
+    mine = owned[rank]
+    from_each = [[_size(shapes[i], r, world) for i in mine] for r in range(world)]  # rank r's rows of mine
+    got = send.new_empty(sum(map(sum, from_each)))
+    to_each = [sum(_size(shapes[i], rank, world) for i in idx) for idx in owned]
+    dist.all_to_all_single(got, send, [sum(sizes) for sizes in from_each], to_each)
+    pieces: dict[int, list[torch.Tensor]] = {i: [] for i in mine}
+    offset = 0
+    for sizes in from_each:  # rank by rank: its rows of each of this rank's matrices, in order
+        for i, n in zip(mine, sizes):
+            pieces[i].append(got[offset : offset + n].view(-1, shapes[i][1]))
+            offset += n
+    return {i: torch.cat(p) for i, p in pieces.items()}
+
+
+def _size(shape: torch.Size, rank: int, world: int) -> int:
+    part = _rows(shape, rank, world)
+    return (part.stop - part.start) * shape[1]
+
+
+def _rows_from_owners(done: dict[int, torch.Tensor], updates: list[torch.Tensor], shapes: list[torch.Size], owned):
+    """FSDP2: each owner's results (`done`, whole) cut by rows and sent back (one all-to-all);
+    returns this rank's rows of every result, where its update lies (host memory under cpu_offload)."""
+    rank, world = _replicas()
+    mine = owned[rank]
+    like = next(iter(done.values())) if done else updates[0]
+    send = _flat([done[i][_rows(shapes[i], r, world)] for r in range(world) for i in mine], like)
+    got = send.new_empty(sum(updates[i].numel() for idx in owned for i in idx))
+    dist.all_to_all_single(
+        got,
+        send,
+        [sum(updates[i].numel() for i in idx) for idx in owned],
+        [sum(_size(shapes[i], r, world) for i in mine) for r in range(world)],
+    )
+    got = got.to(updates[0].device)  # (to host memory: blocking, the rows are read next)
+    out: list[torch.Tensor | None] = [None] * len(updates)
+    offset = 0
+    for idx in owned:
+        for i in idx:
+            out[i] = got[offset : offset + updates[i].numel()].view(updates[i].shape)
+            offset += updates[i].numel()
+    return out
 
 
 def _replicas() -> tuple[int, int]:
@@ -354,7 +424,8 @@ def build_optimizer(
         parts.append(torch.optim.AdamW(adamw, lr=settings.lr, betas=betas, eps=settings.eps, fused=fused))
     if muon:
         ns_dtype = ns_dtype_for(settings, device, ns_recorded)
-        parts.append(Muon(muon, lr=settings.muon_lr, momentum=settings.momentum, ns_steps=settings.ns_steps, ns_dtype=ns_dtype))
+        hyper = {"lr": settings.muon_lr, "momentum": settings.momentum, "ns_steps": settings.ns_steps}
+        parts.append(Muon(muon, **hyper, ns_dtype=ns_dtype, device=device))
     return Optimizers(parts)
 
 

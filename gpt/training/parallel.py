@@ -102,8 +102,7 @@ def notice(distributed: str, cpu_offload: bool, chosen: Parallel) -> str | None:
 
 def check(settings, dtype) -> None:
     """What distributed=fsdp does not cover (yet), refused before anything runs: recurrent models
-    (nothing to shard by block), fp16 loss scaling, Muon in host memory."""
-    from gpt.config import MuonSettings
+    (nothing to shard by block), fp16 loss scaling."""
     from gpt.config.model import RNNConfig
 
     if settings.distributed != "fsdp":
@@ -114,11 +113,6 @@ def check(settings, dtype) -> None:
         )
     if dtype == torch.float16:
         raise TinyGPTError("distributed=fsdp trains in bfloat16 or float32, not float16; pass dtype=bfloat16 or dtype=float32")
-    if settings.cpu_offload and isinstance(settings.optim, MuonSettings):
-        raise TinyGPTError(
-            "cpu_offload=true steps the optimizer in host memory, where Muon's Newton-Schulz would run on the CPU "
-            "(minutes a step at 1B parameters); use optim=adamw"
-        )
 
 
 def is_sharded(t) -> bool:
@@ -132,16 +126,6 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     """`t` whole: a sharded result (a gradient norm over every process's shards) reduced, a
     sharded update gathered."""
     return t.full_tensor() if is_sharded(t) else t
-
-
-def like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A whole `value` (every process holds the same) cut to this process's part of `param` where
-    `param` is sharded, sliced locally (no communication); `value` itself otherwise."""
-    if not is_sharded(param):
-        return value
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
 
 
 def shard(model: nn.Module, rt: devices.Runtime, offload: bool = False) -> nn.Module:
