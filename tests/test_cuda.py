@@ -392,3 +392,22 @@ def test_distributed_muon_on_nccl(tmp_path):
     env = {**os.environ, "TINYGPT_MUON_DDP_BACKEND": "nccl"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", str(test)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_training_batches_are_prefetched_on_a_stream_of_their_own():
+    """gpt.data.loader.Prefetched on CUDA: the batch handed out was copied on its own stream one
+    step ahead, equals the plain stream's once the compute stream has waited for it, and a
+    checkpoint's loader state resumes at the batch held ahead."""
+    import numpy as np
+
+    from gpt.data.loader import Prefetched, RandomWindows
+
+    tokens = np.arange(50_000, dtype=np.uint16)
+    plain = RandomWindows(tokens, 256, 8, CUDA, seed=1)
+    ahead = Prefetched(RandomWindows(tokens, 256, 8, CUDA, seed=1), CUDA)
+    for _ in range(4):
+        got = ahead.next().x
+        assert got.is_cuda and torch.equal((got * 1).cpu(), plain.next().x.cpu())  # read through the compute stream
+    resumed = RandomWindows(tokens, 256, 8, CUDA, seed=7)
+    resumed.load_state_dict(ahead.state_dict())
+    assert torch.equal(resumed.next().x.cpu(), plain.next().x.cpu())

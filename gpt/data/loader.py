@@ -89,3 +89,47 @@ class RandomWindows:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+
+class Prefetched:
+    """`batches` one micro-batch ahead on a GPU: while the step computes, the next batch is
+    drawn on the host and copied (from pinned memory, non-blocking) on a stream of its own, so
+    the step never waits for its input's copy behind the previous step's kernels. The state is
+    the one before the batch held ahead was drawn: a checkpoint resumes at that batch, as the
+    stream without prefetching would. (torch's DataLoader prefetches through worker processes
+    and pins, but hands the copy to the device to the caller: this is that copy.) On a CPU there
+    is nothing to overlap, and the same order of batches (`stream` None) is what tests check."""
+
+    def __init__(self, batches: Batches, device: torch.device):
+        self.inner = batches
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._ahead: tuple[dict, Batch, torch.cuda.Event | None] | None = None
+
+    def next(self) -> Batch:
+        if self._ahead is None:
+            self._ahead = self._draw()
+        _, batch, ready = self._ahead
+        if ready is not None:
+            main = torch.cuda.current_stream(self.stream.device)
+            main.wait_event(ready)  # the step's kernels wait on the device for the copy, the host does not
+            for t in (batch.x, batch.y):
+                t.record_stream(main)  # memory made on the copy stream, freed only after the step used it
+        self._ahead = self._draw()
+        return batch
+
+    def _draw(self) -> tuple[dict, Batch, torch.cuda.Event | None]:
+        state = self.inner.state_dict()
+        if self.stream is None:
+            return state, self.inner.next(), None
+        with torch.cuda.stream(self.stream):
+            batch = self.inner.next()
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return state, batch, ready
+
+    def state_dict(self) -> dict:
+        return self._ahead[0] if self._ahead is not None else self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+        self._ahead = None

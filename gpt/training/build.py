@@ -28,7 +28,7 @@ from gpt.checkpoints.checkpoint import Checkpoint
 from gpt.config import RunConfig, changed_settings
 from gpt.config.model import GPTConfig, RNNConfig, as_given, ignored_settings
 from gpt.data import Dataset, load_data
-from gpt.data.loader import Batches
+from gpt.data.loader import Batches, Prefetched
 from gpt.data.shards import SIZES
 from gpt.errors import TinyGPTError
 from gpt.model import compute, registry
@@ -224,6 +224,8 @@ def build_run(cfg: RunConfig, claim: Claim | None = None, overrides: list[str] |
     batches = data.batches(
         "train", model_config.block_size, cfg.train.batch_size, rt.device, cfg.seed, dist.rank, dist.world_size
     )
+    if rt.device.type == "cuda":
+        batches = Prefetched(batches, rt.device)
     for notice in notices:
         log(notice)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.use_grad_scaler)

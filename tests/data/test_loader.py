@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpt.data.loader import RandomWindows
+from gpt.data.loader import Prefetched, RandomWindows
 from helpers import data_settings, load, write_corpus
 
 
@@ -42,3 +42,19 @@ def test_two_ranks_see_the_batch_of_one_process_with_twice_the_batch():
     one = RandomWindows(tokens, 8, 6, torch.device("cpu"), seed=3).next().x
     halves = [RandomWindows(tokens, 8, 3, torch.device("cpu"), seed=3, rank=r, world_size=2).next().x for r in (0, 1)]
     assert torch.equal(torch.cat(halves), one)
+
+
+def test_prefetching_one_batch_ahead_keeps_the_stream_and_its_resume_point():
+    """gpt.data.loader.Prefetched (a GPU run's training batches) yields the batches of the
+    stream it wraps, in order, and its state is the one before the batch it holds ahead: a
+    stream resumed from it (prefetching or not) goes on with the very next batch."""
+    tokens = np.arange(3000, dtype=np.uint16)
+    plain = RandomWindows(tokens, 16, 4, torch.device("cpu"), seed=3)
+    ahead = Prefetched(RandomWindows(tokens, 16, 4, torch.device("cpu"), seed=3), torch.device("cpu"))
+    for _ in range(5):
+        assert torch.equal(plain.next().x, ahead.next().x)
+    state = ahead.state_dict()  # six batches drawn, five handed out
+    expected = [plain.next().x for _ in range(3)]
+    for resumed in (RandomWindows(tokens, 16, 4, torch.device("cpu"), seed=99), ahead):
+        resumed.load_state_dict(state)  # (`ahead` drops the batch it held)
+        assert all(torch.equal(resumed.next().x, x) for x in expected)
