@@ -1,15 +1,15 @@
 """The first GPU run, measured in one go (benchmarks/device.sh runs this on the device machine):
 
-    python benchmarks/device.py --out DIR                        # the full run: at most 480 s of parts
-    python benchmarks/device.py --out DIR --device cpu --smoke   # the plumbing, tiny sizes (~40 s on 2 cores)
+    python benchmarks/device.py --out DIR                        # the default run: at most 280 s of parts
+    python benchmarks/device.py --out DIR --device cpu --smoke   # the plumbing, tiny sizes (~1 min on 2 cores)
 
 (a) cuda tests: `python -m pytest -m cuda` (the tests that need a GPU).
 (b) training throughput of the 124M shape through the real training step (build_run ->
     Trainer.step: forward, backward, clip, update, the non-finite guard) with
-    experiment=gpt2_124m's settings (bf16, micro-batch 16 x 1024), AdamW and Muon, compile on
-    and off, after warm-up steps; then, if time is left, the AdamW run compiled with the loss over
-    all logits at once (GPT.LOSS_CHUNK_ELEMENTS raised: an A/B of the chunked loss) and
-    experiment=speedrun_124m's block.
+    experiment=gpt2_124m's settings (bf16, micro-batch 16 x 1024), AdamW and Muon compiled, after
+    warm-up steps, dynamo's graph breaks and recompiles counted (TORCH_LOGS); then
+    experiment=speedrun_124m's recipe compiled cold (its first step is the compile time); then
+    AdamW eager once.
     Tiny Shakespeare's characters stand in for FineWeb-Edu (speed does not depend on the text;
     model.vocab_size=50257 keeps GPT-2's LM head). tokens/s, MFU against the peak in
     gpt/runtime/devices.py, peak memory (torch.cuda.max_memory_allocated).
@@ -25,9 +25,12 @@
     sample.py on the FSDP run's sharded checkpoint. One GPU, so world size 1: the sharding code,
     the mixed-precision policy, the offload and DCP on CUDA run; splitting over GPUs does not.
 
+(c) and (f) run only when asked for (--parts); the default is (a), (b), (d) and (e).
+
 Every part runs in its own process with a time cap (CAPS), none past --budget seconds from the
-start, so one that fails, runs out of memory or hangs is recorded and the next one runs. The report is
-rewritten after each part: DIR/device_report.md (tables, every exact command) and
+start, so one that fails, runs out of memory or hangs is recorded and the next one runs; what
+the budget leaves no time for is skipped and listed. The report is written at the start and
+rewritten after each part; a SIGTERM stops the part running and writes what ran: DIR/device_report.md (tables, every exact command) and
 DIR/device_report.json (every figure); the parts' output goes to DIR/device_log.txt. `--smoke`
 runs the same plumbing on tiny shapes for a couple of steps and skips what only a GPU makes
 worthwhile (compiling); tests/test_device_script.py runs it. The child modes
@@ -54,23 +57,26 @@ sys.path.insert(0, str(REPO))  # the device machine runs the checkout, uninstall
 BABY_TARGET = 1.47  # nanoGPT's baby GPT reaches val ~1.47 on one A100 (its README's figure)
 GIB = 2**30
 
-# Each part's time cap in seconds (full run), within a 480 s budget: with device.sh's set-up,
-# the parent's start and the grace a stopped part gets, the whole stays under 9 minutes. The
-# parts run in order of importance: the CUDA tests, the compiled training steps (the first
-# compiles the 124M model cold; the second finds Inductor's caches warm), FSDP2 on the GPU (five
-# short processes, 30 s or less each), the baby GPT (stopped
-# at its target; it gets what is left but the generation's share), the generation, then the
-# eager training steps, the unchunked-loss run and the speedrun block as far as the time goes.
+# Each part's time cap in seconds (full run), within the 280 s default budget: with device.sh's
+# set-up and the parent's start the whole stays under 5 minutes, and a rerun fits in the device
+# time a task is lent (15 minutes, the machine's start included). The parts run in order of
+# importance: the CUDA tests, the compiled training steps (the first compiles the 124M model
+# cold; the second finds Inductor's caches warm), the speedrun recipe's cold compile, the
+# generation, one eager run. What does not fit what is left of the budget is skipped and listed
+# in the report; (f) FSDP2 and (c) the baby GPT run only when asked for (--parts / PARTS=).
 CAPS = {
-    "cuda_tests": 45,
-    "compile_cold": 80,
-    "compile_on": 55,
-    "compile_off": 30,
+    "cuda_tests": 35,
+    "compile_cold": 70,
+    "compile_on": 40,
+    "speedrun": 85,
+    "compile_off": 20,
+    "generation": 30,
     "fsdp": 150,
     "baby_gpt": 160,
-    "generation": 35,
 }
-PARTS = ("cuda_tests", "throughput", "fsdp", "baby_gpt", "generation")  # --parts: a rerun of some
+MIN_S = 15  # less than this left of the budget: a part is skipped, not started to be cut off
+PARTS = ("cuda_tests", "throughput", "generation", "fsdp", "baby_gpt")  # --parts: some of these
+DEFAULT_PARTS = ("cuda_tests", "throughput", "generation")
 GRACE = {"timeout": 5, "baby_gpt": 15}  # seconds between SIGTERM and SIGKILL
 # The tiny shape of --smoke: every code path, seconds on a CPU.
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=2"]
@@ -79,9 +85,15 @@ TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_siz
 # --- the parent: runs each part in a child process, writes the report ----------------------------
 
 
+class Interrupted(Exception):
+    """SIGTERM to the parent (the device tool's timeout, a user's kill): the part running is
+    stopped and the report written with what ran."""
+
+
 class Report:
     def __init__(self, out: Path, mode: str, device: str, budget: float):
         self.out, self.t0 = out, time.monotonic()
+        self.running: str | None = None  # the label of the child running now
         self.data = {
             "mode": mode,
             "device": device,
@@ -89,11 +101,21 @@ class Report:
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "env": environment(device),
             "parts": {},
+            "not_run": [],  # (what, why): skipped for the budget, left out by --parts, or stopped
         }
         self.log = open(out / "device_log.txt", "a", encoding="utf-8")
 
     def part(self, name: str, record: dict) -> None:
         self.data["parts"][name] = record
+        self.write()
+
+    def not_run(self, what: str, why: str) -> None:
+        self.data["not_run"].append({"what": what, "why": why})
+        self.write()
+
+    def write(self) -> None:
+        """The report as it stands, both files replaced atomically: a run cut off at any point
+        leaves the last one whole."""
         self.data["seconds"] = round(time.monotonic() - self.t0, 1)
         write_atomic(self.out / "device_report.json", json.dumps(self.data, indent=2, default=str))
         write_atomic(self.out / "device_report.md", markdown(self.data))
@@ -114,6 +136,12 @@ def environment(device: str) -> dict:
             env[name] = getattr(module, "__version__", "?")
         except Exception as e:  # noqa: BLE001 (a missing package is a finding, not a crash)
             env[name] = f"missing: {type(e).__name__}: {e}"
+    try:
+        import gpt
+
+        env["tinygpt"] = f"{gpt.__version__} from {Path(gpt.__file__).parent}"  # the checkout's, installed or not
+    except Exception as e:  # noqa: BLE001
+        env["tinygpt"] = f"missing: {type(e).__name__}: {e}"
     try:
         import torch
 
@@ -145,37 +173,51 @@ def environment(device: str) -> dict:
     return env
 
 
-def run_child(report: Report, label: str, argv: list[str], cap: float, watch=None, grace: float = GRACE["timeout"]) -> dict:
+def run_child(
+    report: Report, label: str, argv: list[str], cap: float, watch=None, grace: float = GRACE["timeout"], env_extra=None
+) -> dict:
     """Run one part in its own process group (compile workers included) for at most `cap`
     seconds; its output goes to the log. `watch(proc)` is polled every 2 s and may return a
     reason to stop the part early (SIGTERM, then SIGKILL after a grace). Returns rc, seconds, the
-    end of its output and whether it timed out or was stopped."""
+    end of its output and whether it timed out or was stopped. A SIGTERM to this process
+    (Interrupted) ends the child's group first."""
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **(env_extra or {}),
     }
     report.log.write(f"\n===== {label}: {' '.join(argv)} (cap {cap:.0f} s)\n")
     report.log.flush()
     t0 = time.monotonic()
+    report.running = label
     with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out, stopped = False, None
-        while proc.poll() is None:
-            if time.monotonic() - t0 > cap:
-                timed_out = True
-                _end(proc, grace)
-                break
-            if watch is not None and stopped is None:
-                stopped = watch(proc)
-                if stopped:
-                    _end(proc, grace=GRACE["baby_gpt"])
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > cap:
+                    timed_out = True
+                    _end(proc, grace)
                     break
-            time.sleep(0.5 if watch is None else 2.0)
+                if watch is not None and stopped is None:
+                    stopped = watch(proc)
+                    if stopped:
+                        _end(proc, grace=GRACE["baby_gpt"])
+                        break
+                time.sleep(0.5 if watch is None else 2.0)
+        except Interrupted:
+            _end(proc, grace=2)
+            _end_group(proc)
+            output.seek(0)
+            report.log.write(output.read() + f"\n===== {label}: stopped by SIGTERM after {time.monotonic() - t0:.1f} s\n")
+            report.log.flush()
+            raise
         proc.wait()
         _end_group(proc)
         output.seek(0)
         text = output.read()
+    report.running = None
     report.log.write(text)
     report.log.write(f"\n===== {label}: rc {proc.returncode}, {time.monotonic() - t0:.1f} s\n")
     report.log.flush()
@@ -185,6 +227,8 @@ def run_child(report: Report, label: str, argv: list[str], cap: float, watch=Non
         "timed_out": timed_out,
         "stopped": stopped,
         "tail": text[-1500:],
+        "graph_breaks": text.count("Graph break"),  # TORCH_LOGS=graph_breaks,recompiles: one record each
+        "recompiles": text.count("Recompiling function"),
     }
 
 
@@ -260,24 +304,20 @@ def cuda_marker_registered() -> bool | None:
 
 
 def throughput_configs(smoke: bool) -> list[dict]:
-    """(recipe, optimizer, compile) of each timed run and its turn: "compiled" runs right after
-    the CUDA tests, "eager" after the generation, "extra" (the speedrun block) last, only if
-    its whole cap is left."""
+    """(recipe, optimizer, compile) of each timed run, its turn and its cap: "compiled" runs
+    right after the CUDA tests (AdamW compiling cold, then Muon), "speedrun" (the speedrun
+    recipe compiling cold: its first step is the compile time) after them, "eager" (once, for
+    the compile's speed-up) last."""
     configs = [
         {"recipe": "gpt2_124m", "optim": "adamw", "compile": "true", "turn": "compiled", "cap": "compile_cold"},
-        {"recipe": "gpt2_124m", "optim": "muon", "compile": "true", "turn": "compiled"},
-        {"recipe": "gpt2_124m", "optim": "adamw", "compile": "false", "turn": "eager"},
-        {"recipe": "gpt2_124m", "optim": "muon", "compile": "false", "turn": "eager"},
-        # the loss over the whole (16 x 1024, 50304) logits at once, not in recomputed chunks
-        # (GPT.LOSS_CHUNK_ELEMENTS, sized for memory: is its ~9% more compute worth it on a GPU?)
-        {"recipe": "gpt2_124m", "optim": "adamw", "compile": "true", "turn": "extra", "loss_chunks": "off"},
-        {"recipe": "speedrun_124m", "optim": "muon", "compile": "true", "turn": "extra"},
+        {"recipe": "gpt2_124m", "optim": "muon", "compile": "true", "turn": "compiled", "cap": "compile_on"},
+        {"recipe": "speedrun_124m", "optim": "muon", "compile": "true", "turn": "speedrun", "cap": "speedrun"},
+        {"recipe": "gpt2_124m", "optim": "adamw", "compile": "false", "turn": "eager", "cap": "compile_off"},
     ]
     if smoke:  # compiling on a CPU takes minutes: the smoke run checks the plumbing of the rest
         for c in configs[:2]:
             c["skip"] = "smoke: compile=true is left to the GPU run"
-        for c in configs[-2:]:
-            c["compile"] = "false"
+        configs[2]["compile"] = "false"
     return configs
 
 
@@ -288,33 +328,42 @@ def part_throughput(report: Report, args, deadline: float, turn: str) -> None:
         "runs": [],
         "note": "character data standing in for FineWeb-Edu; model.vocab_size=50257 keeps GPT-2's LM head",
     }
+    scale = 2.0 if args.smoke else 1.0
     for c in throughput_configs(args.smoke):
         if c["turn"] != turn:
             continue
-        name = f"{c['recipe']} {c['optim']} compile={c['compile']}" + (" loss unchunked" if c.get("loss_chunks") == "off" else "")
+        name = f"{c['recipe']} {c['optim']} compile={c['compile']}"
         row = {"name": name, **{k: c[k] for k in ("recipe", "optim", "compile")}}
-        full = CAPS[c.get("cap", "compile_on" if c["compile"] == "true" else "compile_off")]
-        cap = min(full, deadline - time.monotonic())
+        left = deadline - time.monotonic()
+        cap = min(CAPS[c["cap"]] * scale, left)
         if c.get("skip"):
             row["status"] = "skipped: " + c["skip"]
-        elif cap < (full if turn == "extra" else 15):
-            row["status"] = "skipped: out of time"
+        elif left < MIN_S:
+            row["status"] = f"skipped: out of budget ({max(left, 0):.0f} s left)"
+            report.not_run(f"(b) {name}", row["status"].removeprefix("skipped: "))
         else:
+            # dynamo's own account of the graphs: each graph break and recompile logged once
+            logs = {"TORCH_LOGS": "graph_breaks,recompiles"} if c["compile"] == "true" else {}
             with tempfile.TemporaryDirectory(prefix="tinygpt-device-") as tmp:
+                if logs and c["cap"] in ("compile_cold", "speedrun"):  # cold: an empty Inductor cache of its own
+                    logs["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
                 result_file = Path(tmp) / "result.json"
                 shown = [
                     *("--recipe", c["recipe"], "--optim", c["optim"], "--compile", c["compile"]),
                     *("--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps)),
                     *("--accum", str(args.accum), *(["--smoke"] if args.smoke else [])),
-                    *(["--loss-chunk-elements", str(2**40)] if c.get("loss_chunks") == "off" else []),
                 ]
                 argv = child_argv("throughput", *shown, "--result", str(result_file), "--runs-dir", tmp)
-                run = run_child(report, f"throughput {name}", argv, cap)
+                run = run_child(report, f"throughput {name}", argv, cap, env_extra=logs)
                 result = json.loads(result_file.read_text()) if result_file.exists() else None
             row.update(result or {})
             row["status"] = status_of(run, result)
-            row["command"] = " ".join(["python benchmarks/device.py child throughput", *shown])
+            prefix = "TORCH_LOGS=graph_breaks,recompiles " if logs else ""
+            prefix += "TORCHINDUCTOR_CACHE_DIR=<empty> " if "TORCHINDUCTOR_CACHE_DIR" in logs else ""
+            row["command"] = prefix + " ".join(["python benchmarks/device.py child throughput", *shown])
             row["seconds"] = run["seconds"]
+            if logs:
+                row["graph_breaks"], row["recompiles"] = run["graph_breaks"], run["recompiles"]
             if row["status"] == "timeout":
                 row["error"] = f"timed out after its {cap:.0f} s cap; the output ended: " + run["tail"][-500:]
             elif row["status"] != "ok":
@@ -565,36 +614,51 @@ def parent(args) -> None:
     scale = 1.0 if not args.smoke else 2.0  # a CPU's tiny runs mostly wait on imports
     left = lambda: deadline - time.monotonic()  # noqa: E731
 
-    wanted = set(args.parts.split(",")) if args.parts else set(PARTS)
+    wanted = set(args.parts.split(",")) if args.parts else set(DEFAULT_PARTS)
     if not wanted <= set(PARTS):
         sys.exit(f"--parts takes some of {','.join(PARTS)}; got {args.parts}")
-    for name in set(PARTS) - wanted:  # a rerun of some parts: the others are said to be left out
-        report.data["parts"][name] = {"status": "skipped: not in --parts", "command": "", "runs": []}
-    if "cuda_tests" in wanted:
-        part_cuda_tests(report, args.smoke, min(CAPS["cuda_tests"] * scale, left()))
-    if "throughput" in wanted:
-        part_throughput(report, args, deadline, "compiled")
-    if "fsdp" in wanted:
-        part_fsdp(report, args, min(deadline, time.monotonic() + CAPS["fsdp"] * scale))
-    if "baby_gpt" not in wanted:
-        pass
-    elif left() > 20:
-        keep = CAPS["generation"] if left() > CAPS["generation"] + 60 else 0  # (d) still gets its turn
-        part_baby(report, args, min(CAPS["baby_gpt"] * scale, left() - keep))
-    else:
-        report.part("baby_gpt", {"status": "skipped: out of time", "command": ""})
-    if "generation" not in wanted:
-        pass
-    elif left() > 15:
-        part_generation(report, args, min(CAPS["generation"] * scale, left()))
-    else:
-        report.part("generation", {"status": "skipped: out of time", "command": "", "runs": []})
-    if "throughput" in wanted:
-        part_throughput(report, args, deadline, "eager")
-        part_throughput(report, args, deadline, "extra")
+    for name in (p for p in PARTS if p not in wanted):
+        report.not_run(name, "not in --parts" if args.parts else "not in the default run: ask with --parts / PARTS=")
+
+    def fits(name: str) -> bool:
+        if left() >= MIN_S:
+            return True
+        report.part(name, {"status": f"skipped: out of budget ({max(left(), 0):.0f} s left)", "command": "", "runs": []})
+        report.not_run(name, f"out of budget ({max(left(), 0):.0f} s left)")
+        return False
+
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    signal.signal(signal.SIGTERM, interrupt)
+    report.write()  # a report from the start: even a run killed outright leaves one
+    try:
+        if "cuda_tests" in wanted and fits("cuda_tests"):
+            part_cuda_tests(report, args.smoke, min(CAPS["cuda_tests"] * scale, left()))
+        if "throughput" in wanted:
+            part_throughput(report, args, deadline, "compiled")
+            part_throughput(report, args, deadline, "speedrun")
+        if "generation" in wanted and fits("generation"):
+            part_generation(report, args, min(CAPS["generation"] * scale, left()))
+        if "throughput" in wanted:
+            part_throughput(report, args, deadline, "eager")
+        if "fsdp" in wanted and fits("fsdp"):
+            part_fsdp(report, args, min(deadline, time.monotonic() + CAPS["fsdp"] * scale))
+        if "baby_gpt" in wanted and fits("baby_gpt"):
+            part_baby(report, args, min(CAPS["baby_gpt"] * scale, left()))
+    except Interrupted:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the report is written once, whatever comes next
+        report.data["interrupted"] = (
+            f"SIGTERM after {time.monotonic() - report.t0:.0f} s, during {report.running or 'the parent'}"
+        )
+        ran = set(report.data["parts"]) | {n["what"] for n in report.data["not_run"]}
+        for name in (p for p in PARTS if p in wanted and p not in ran):
+            report.not_run(name, "stopped by SIGTERM")
     part_peak_memory(report)
     report.log.close()
     print(f"report: {out / 'device_report.md'} ({report.data['seconds']} s)")
+    if "interrupted" in report.data:
+        sys.exit(128 + signal.SIGTERM)
 
 
 # --- the report as Markdown --------------------------------------------------------------------
@@ -622,6 +686,7 @@ def markdown(d: dict) -> str:
         "",
         f"{d['started']}; mode {d['mode']} on {d['device']}; {d.get('seconds', 0)} s of a {d['budget_s']:.0f} s budget.",
         "",
+        *([f"**Interrupted**: {d['interrupted']}; the parts below are what ran.", ""] if d.get("interrupted") else []),
         "## Environment",
         "",
         *[f"- {k}: {v}" for k, v in env.items()],
@@ -640,15 +705,16 @@ def markdown(d: dict) -> str:
     if b.get("note"):
         lines += [f"{b['note']}.", ""]
     lines += [
-        "| run | status | micro-batch x accum | ms/step | tokens/s | MFU | peak GiB | first step s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | status | micro-batch x accum | ms/step | tokens/s | MFU | peak GiB | first step s | graph breaks | recompiles |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in b.get("runs", []):
         shape = f"{r['batch_size']} x {r['block_size']} x {r['accum']}" if "batch_size" in r else "-"
         mfu = _f(r.get("mfu"), "{:.1%}")
         lines.append(
             f"| {r['name']} | {r['status']} | {shape} | {_f(r.get('ms_per_step'), '{:.1f}')} | "
-            f"{_f(r.get('tokens_per_s'))} | {mfu} | {_f(r.get('peak_gib'), '{:.2f}')} | {_f(r.get('first_step_s'), '{:.1f}')} |"
+            f"{_f(r.get('tokens_per_s'))} | {mfu} | {_f(r.get('peak_gib'), '{:.2f}')} | {_f(r.get('first_step_s'), '{:.1f}')} | "
+            f"{_f(r.get('graph_breaks'), '{}')} | {_f(r.get('recompiles'), '{}')} |"
         )
     lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in b.get("runs", []) if r.get("command")]
     errors = [f"- {r['name']} ({r['status']}): `{_last_line(r['error'])}`" for r in b.get("runs", []) if r.get("error")]
@@ -727,6 +793,7 @@ def markdown(d: dict) -> str:
         lines += ["", *errors]
     failed = [(k, v) for k, v in parts.items() if str(v.get("status", "")).startswith(("failed", "timeout"))]
     lines += ["", "## Failures", ""] + ([f"- {k}: {v['status']}" for k, v in failed] or ["none"])
+    lines += ["", "## Not run", ""] + ([f"- {n['what']}: {n['why']}" for n in d.get("not_run", [])] or ["none"])
     return "\n".join(lines) + "\n"
 
 
@@ -941,15 +1008,15 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for device_report.md / .json and device_log.txt")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, a couple of steps: the plumbing")
-    ap.add_argument("--budget", type=float, default=None, help="seconds for all parts (default 480; smoke 300)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for all parts (default 280; smoke 120)")
     ap.add_argument("--warmup", type=int, default=None, help="training steps before timing (default 5; smoke 1)")
     ap.add_argument("--steps", type=int, default=None, help="timed training steps (default 30; smoke 2)")
     ap.add_argument("--accum", type=int, default=None, help="micro-batches a timed step (default 4; smoke 1)")
     ap.add_argument("--parts", default=None, help=f"run only these, comma-separated (default all: {','.join(PARTS)})")
     ap.add_argument("--baby-target", type=float, default=None, help=f"val loss for (c) (default {BABY_TARGET}; smoke 10)")
     args = ap.parse_args()
-    full = {"budget": 480.0, "warmup": 5, "steps": 30, "accum": 4, "baby_target": BABY_TARGET}
-    smoke = {"budget": 300.0, "warmup": 1, "steps": 2, "accum": 1, "baby_target": 10.0}
+    full = {"budget": 280.0, "warmup": 5, "steps": 30, "accum": 4, "baby_target": BABY_TARGET}
+    smoke = {"budget": 120.0, "warmup": 1, "steps": 2, "accum": 1, "baby_target": 10.0}
     for k, v in (smoke if args.smoke else full).items():
         if getattr(args, k) is None:
             setattr(args, k, v)

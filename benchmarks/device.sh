@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The first GPU run in one script: CUDA tests, the 124M shape's training tokens/s and MFU (AdamW
-# and Muon, compile on and off), the baby GPT's time to val 1.47, generation tokens/s with and
-# without the KV cache, and the peak memory of each; one report. The parts and their time caps
-# are benchmarks/device.py's; the whole fits in 9 minutes on one H200 (8 min of parts).
+# A GPU run in one script: CUDA tests, the 124M shape's training tokens/s and MFU (AdamW and
+# Muon compiled, with dynamo's graph breaks and recompiles; AdamW eager once), the speedrun
+# recipe's cold compile, generation tokens/s with and without the KV cache, and the peak memory
+# of each; one report. The parts and their time caps are benchmarks/device.py's; the default
+# run fits in 5 minutes (280 s of parts, BUDGET_S), set-up included, so that a rerun fits in the
+# device time a task is lent.
 #
 #   bash benchmarks/device.sh prepare              # here, once, with PyPI: fills .carry/ (ignored by git)
 #   bash benchmarks/device.sh                      # there: the device tool's run, carry [".carry"]
 #   DEVICE=cpu SMOKE=1 bash benchmarks/device.sh   # anywhere: the plumbing, tiny sizes (~1 min on 2 cores)
-#   PARTS=cuda_tests,generation bash benchmarks/device.sh   # a rerun of some parts (benchmarks/device.py --parts)
+#   BUDGET_S=120 bash benchmarks/device.sh         # seconds for all parts; what does not fit is skipped and listed
+#   PARTS=fsdp,baby_gpt bash benchmarks/device.sh  # some parts (benchmarks/device.py --parts), these two only on request
 #
 # The device machine reaches no network and its image lacks hydra-core, omegaconf,
 # antlr4-python3-runtime and datasets (and datasets' dill and multiprocess): `prepare` downloads
@@ -21,8 +24,11 @@
 #
 # Writes $OUT/device_report.md and $OUT/device_report.json (every figure and command), the
 # parts' output in $OUT/device_log.txt and the set-up's in $OUT/device_setup.txt. $OUT is the
-# device tool's folder there; elsewhere it defaults to outputs/device. A part that fails is
-# recorded and the next one runs; the script exits 0 once the report is written.
+# device tool's folder there; elsewhere it defaults to outputs/device. The report is written at
+# the start and after every part; a part that fails is recorded and the next one runs; a SIGTERM
+# to this script stops the part running and leaves the report of what ran. The script exits 0
+# once the report is written (143 after a SIGTERM). The checkout runs uninstalled: its root is
+# put first on PYTHONPATH (the device image has torch, not tinygpt).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -65,6 +71,7 @@ OUT=${OUT:-outputs/device}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export HF_HUB_OFFLINE=1  # no network there: fail at once instead of waiting on the Hub
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # this checkout's gpt, installed or not
 SETUP=()
 {
     echo "$(date -u) $(hostname) $($PY --version 2>&1)"
@@ -107,8 +114,18 @@ DEVICE_SETUP=$(printf "%s; " "${SETUP[@]}")
 export DEVICE_SETUP=${DEVICE_SETUP%; }
 args=(--out "$OUT" --device "${DEVICE:-cuda}")
 [ "${SMOKE:-0}" = 1 ] && args+=(--smoke)
-[ -n "${PARTS:-}" ] && args+=(--parts "$PARTS")  # a rerun of some parts, e.g. PARTS=cuda_tests,generation
-$PY benchmarks/device.py "${args[@]}"
+[ -n "${PARTS:-}" ] && args+=(--parts "$PARTS")  # some parts, e.g. PARTS=cuda_tests,generation
+[ -n "${BUDGET_S:-}" ] && args+=(--budget "$BUDGET_S")
+# In the background, so that a SIGTERM to this script reaches device.py (bash would wait for it
+# to end first), which stops its part and writes the report.
+$PY benchmarks/device.py "${args[@]}" &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM INT
+wait $child
 rc=$?
+if kill -0 $child 2>/dev/null; then  # wait returned for the signal: the report is being written
+    wait $child
+    rc=$?
+fi
 cat "$OUT/device_report.md" 2>/dev/null | head -60
 exit $rc
