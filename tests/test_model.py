@@ -216,6 +216,25 @@ def test_kv_cache_prefill_and_steps_match_full_forward():
     assert (stepped - full).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("kw", [{}, dict(norm="rmsnorm", pos_encoding="rope", qk_norm=True, n_kv_head=1)])
+def test_the_static_cache_steps_like_the_full_forward_with_padded_rows(kw):
+    """The decoder's cache: a prompt then one-token steps, written by index at a tensor position,
+    give each row the logits of its own full forward, a left-padded row included; its position
+    lives on the device and advances by what each call stored."""
+    from gpt.model.cache import StaticKVCache
+
+    model = GPT(tiny(**kw)).eval()
+    c = model.config
+    idx = torch.randint(0, 64, (2, 12))
+    idx[1, :3] = 0  # row 1 is 9 tokens after 3 padding columns
+    cache = StaticKVCache(c.n_layer, c.n_kv_head, c.head_dim, 14, torch.tensor([0, 3]), torch.float32)
+    first, _ = model(idx[:, :7], cache=cache)
+    stepped = torch.cat([first, *(model(idx[:, t : t + 1], cache=cache)[0] for t in range(7, 12))], dim=1)
+    assert int(cache.pos) == 12
+    assert (stepped[:1] - model(idx[:1])[0]).abs().max().item() < 1e-5
+    assert (stepped[1:, 3:] - model(idx[1:, 3:])[0]).abs().max().item() < 1e-5
+
+
 def test_left_padding_is_invisible():
     """A left-padded row gives the logits it would give alone (pad tokens are masked out and
     positions start at its first real token)."""

@@ -25,11 +25,12 @@ _LINEARS = (F.linear, torch._C._nn.linear)
 
 def compile_for_generation(model, backend: str | Callable | None = None, graphs: int | None = None) -> None:
     """torch.compile the model's forward in place, for decoding. The compiled forward is traced
-    once for a prompt (a window re-encoded past the context is one too: see
-    gpt.model.cache.SPARE) and once for the one-token steps after it, not once per token: the KV
-    cache's length, a Python int that changes every step, is symbolic (dynamic=True) rather than
-    a value the compiled graph is guarded on, and the decoder hands the model fresh input
-    tensors, whose strides do not change from step to step (see decoder._fresh). `backend`:
+    once for a prompt and once for one-token calls, not once per token: the decoder's cache
+    (gpt.model.cache.StaticKVCache) keeps its shapes and holds its position in a tensor, and the
+    serving engine's growing KVCache has a length that is symbolic (dynamic=True) rather than a
+    value the graph is guarded on (a window re-encoded past the context is a prompt too: see
+    gpt.model.cache.SPARE). The decoder hands the model fresh input tensors, whose strides do not
+    change from step to step (see decoder._fresh). `backend`:
     inductor, with the one-row rewrite on a CPU (None), or any torch.compile backend.
 
     `graphs`: how many compiled variants this model keeps, counted apart from any other compiled

@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpt.config import SamplingSettings
 from gpt.generation.sampling import next_tokens, not_finite
 from gpt.model import GPT
-from gpt.model.cache import KVCache
+from gpt.model.cache import StaticKVCache
 from gpt.model.rnn import RNNState
 
 
@@ -51,8 +51,10 @@ class Decoder:
         # difference between two devices from ending one process's rows sooner, which would
         # leave the others waiting in an all-gather it never joins.
         self.lockstep = lockstep and dist.is_available() and dist.is_initialized()
-        self.cache: KVCache | None = None
+        self.cache: StaticKVCache | RNNState | None = None
         self.offset = 0  # column of self.tokens where the cache's column 0 sits
+        self.filled = 0  # columns the cache holds, counted here: the host never reads the cache's own
+        self.prompt_width = width
         self.seen = torch.zeros(len(prompts), model.config.vocab_size, dtype=torch.bool, device=self.device)
         if cfg.repetition_penalty != 1.0:
             for b, p in enumerate(prompts):
@@ -67,17 +69,28 @@ class Decoder:
         cache = self.cache
         if cache is not None and width - self.offset <= cache.max_len:
             # Only the columns the cache has not seen yet (after the first step: one).
-            logits, _ = self.model(_fresh(self.tokens[:, self.offset + cache.length :]), cache=cache, last_only=True)
+            logits, _ = self.model(_fresh(self.tokens[:, self.offset + self.filled :]), cache=cache, last_only=True)
         else:
             # Encode a window from scratch: everything, or once the longest row outgrows the
             # context, its last block_size tokens (shorter rows keep their padding in front).
             self.offset = max(0, width - self.block_size)  # the longest row has no padding
             window = _fresh(self.tokens[:, self.offset :])
             pad = (self.pad - self.offset).clamp(min=0)
-            # The longest row fills the context at block_size + its padding columns.
+            # The longest row fills the context at block_size + its padding columns; a cache no
+            # longer than the sample needs (every step attends over all of its columns).
             least = min(max(0, p - self.offset) for p in self.pad_list)
-            self.cache = KVCache(self.model.config.n_layer, self.block_size + least, pad)
+            wanted = window.size(1) + max(1, self.cfg.max_new_tokens - (width - self.prompt_width))
+            c = self.model.config
+            self.cache = StaticKVCache(
+                c.n_layer,
+                c.n_kv_head,
+                c.head_dim,
+                min(self.block_size + least, wanted),
+                pad,
+                _compute_dtype(self.model, self.device),
+            )
             logits, _ = self.model(window, cache=self.cache, last_only=True)
+        self.filled = width - self.offset
         return logits[:, -1, :].float()
 
     def _plain_logits(self) -> torch.Tensor:
@@ -170,6 +183,14 @@ def decode_kernels(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type != "cuda" or DECODE_KERNELS is None:
         return contextlib.nullcontext()
     return sdpa_kernel(DECODE_KERNELS)
+
+
+def _compute_dtype(model: GPT, device: torch.device) -> torch.dtype:
+    """The dtype attention's keys and values come in, and so the cache's: autocast's where it is
+    on around the decoder's calls, else the weights'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return model.lm_head.weight.dtype
 
 
 def _fresh(columns: torch.Tensor) -> torch.Tensor:

@@ -101,3 +101,48 @@ class KVCache:
             cache.v[layer][:, :, :length] = v[layer][:, :, :length]
         cache.length = length
         return cache
+
+
+class StaticKVCache:
+    """A cache for one decoder's lifetime: one (B, n_kv_head, max_len, head_dim) buffer per layer,
+    allocated up front, written by index at a position that is a tensor on the device.
+
+    Why beside KVCache: KVCache's fill is a Python int and its views grow by a column a token, so
+    a compiled model is guarded on the int (a graph per length, or symbolic sizes) and a CUDA graph
+    cannot be captured. Here every decode step has the same shapes and the same inputs: the step
+    attends over all max_len columns, the unfilled ones masked out by comparing column numbers with
+    the position, on the device. The host never reads the position: the decoder counts columns
+    itself and checks them against max_len before it calls the model (nothing is checked here, for
+    the same reason). The serving engine, which selects and merges rows, keeps KVCache."""
+
+    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, max_len: int, pad: torch.Tensor, dtype: torch.dtype):
+        shape = (pad.size(0), n_kv_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=pad.device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=pad.device) for _ in range(n_layer)]
+        self.max_len = max_len
+        self.pad = pad  # (B,) long: padding columns in front of each row, as in KVCache
+        self.pos = torch.zeros((), dtype=torch.long, device=pad.device)  # columns filled
+        self.columns = torch.arange(max_len, device=pad.device)
+        if pad.device.type == "cuda":  # buffers CUDA graphs may keep pointers to (reduce-overhead)
+            for t in (*self.k, *self.v, self.pos, self.pad, self.columns):
+                torch._dynamo.mark_static_address(t)
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this call's keys/values at the current columns; return every column."""
+        at = self.pos + torch.arange(k.size(2), device=k.device)
+        self.k[layer].index_copy_(2, at, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(2, at, v.to(self.v[layer].dtype))
+        return self.k[layer], self.v[layer]
+
+    def advance(self, columns: int) -> None:
+        self.pos += columns  # in place: the same tensor every step
+
+    def positions(self, columns: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids (B, T) and attention mask (B, 1, T, max_len) for T new columns; what each
+        query sees is as in KVCache.positions (`block_size` is the decoder's to check)."""
+        q_col = self.pos + torch.arange(columns, device=device)
+        pos = (q_col[None, :] - self.pad[:, None]).clamp(min=0)
+        k_col = self.columns[None, None, :]
+        visible = (k_col <= q_col[None, :, None]) & (k_col >= self.pad[:, None, None])
+        visible |= k_col == q_col[None, :, None]
+        return pos, visible[:, None]
