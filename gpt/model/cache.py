@@ -56,10 +56,7 @@ class KVCache:
         q_col = torch.arange(start, start + T, device=device)
         k_col = torch.arange(start + T, device=device)
         pad = self.pad.to(device)
-        pos = (q_col[None, :] - pad[:, None]).clamp(min=0)
-        visible = (k_col[None, None, :] <= q_col[None, :, None]) & (k_col[None, None, :] >= pad[:, None, None])
-        visible |= k_col[None, None, :] == q_col[None, :, None]
-        return pos, visible[:, None]
+        return _positions_and_mask(q_col, k_col, pad)
 
     # --- rows in, rows out (continuous batching) ----------------------------------------------
 
@@ -140,9 +137,14 @@ class StaticKVCache:
     def positions(self, columns: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids (B, T) and attention mask (B, 1, T, max_len) for T new columns; what each
         query sees is as in KVCache.positions (`block_size` is the decoder's to check)."""
-        q_col = self.pos + torch.arange(columns, device=device)
-        pos = (q_col[None, :] - self.pad[:, None]).clamp(min=0)
-        k_col = self.columns[None, None, :]
-        visible = (k_col <= q_col[None, :, None]) & (k_col >= self.pad[:, None, None])
-        visible |= k_col == q_col[None, :, None]
-        return pos, visible[:, None]
+        return _positions_and_mask(self.pos + torch.arange(columns, device=device), self.columns, self.pad)
+
+
+def _positions_and_mask(q_col: torch.Tensor, k_col: torch.Tensor, pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both caches' rule: position ids (B, T) of the query columns q_col (T,) and the mask
+    (B, 1, T, key columns k_col) given each row's padding pad (B,); see KVCache.positions."""
+    pos = (q_col[None, :] - pad[:, None]).clamp(min=0)
+    keys, queries = k_col[None, None, :], q_col[None, :, None]
+    visible = (keys <= queries) & (keys >= pad[:, None, None])
+    visible |= keys == queries
+    return pos, visible[:, None]
