@@ -4,6 +4,7 @@ Run: pytest tests/test_distributed.py"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -442,11 +443,13 @@ def test_torchrun_max_restarts_resumes_and_the_new_attempt_is_not_stopped_by_the
     assert [m["loss"] for m in _metrics(restarted, "train")][-2:] == [m["loss"] for m in _metrics(whole, "train")][-2:]
 
 
-def _srun(args: list[str], cwd, env: dict, timeout: float = 120) -> tuple[list[int], list[str], float]:
+def _srun(args: list[str], cwd, env: dict, timeout: float = 120) -> tuple[list[int], list[str], list[float]]:
     """`srun --ntasks=2 python train.py ...` without SLURM: two processes given SLURM's
     per-task variables (gpt.runtime.distributed.from_env reads them) and nobody to kill a task's
     peers when it fails (srun without --kill-on-bad-exit). Returns their exit statuses, their
-    output, and the seconds until both had ended."""
+    output, and the seconds until each had ended (read both together: on a loaded machine the
+    start-up alone may take many seconds, so a promptness bound is best put between the two)."""
+    import threading
     import time
 
     from helpers import free_port
@@ -472,12 +475,24 @@ def _srun(args: list[str], cwd, env: dict, timeout: float = 120) -> tuple[list[i
         )
         for rank in (0, 1)
     ]
+    outputs, ended = ["", ""], [float(timeout), float(timeout)]
+
+    def wait(rank: int) -> None:  # each on its own thread, so that each end is timed as it happens
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            outputs[rank] = tasks[rank].communicate(timeout=timeout)[0]
+            ended[rank] = time.monotonic() - started
+
+    waiters = [threading.Thread(target=wait, args=(rank,)) for rank in (0, 1)]
     try:
-        outputs = [task.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))[0] for task in tasks]
+        for waiter in waiters:
+            waiter.start()
+        for waiter in waiters:
+            waiter.join()
     finally:
         for task in tasks:
             task.kill()
-    return [task.returncode for task in tasks], outputs, time.monotonic() - started
+    assert max(ended) < timeout, f"a task was still running after {timeout} s: {outputs}"
+    return [task.returncode for task in tasks], outputs, ended
 
 
 @pytest.mark.slow
@@ -494,13 +509,13 @@ def test_under_srun_a_rank_0_refused_before_the_group_forms_stops_the_other_with
     owner.acquire()  # this test process: alive, so the lock is refused rather than taken over
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "TINYGPT_DIST_TIMEOUT_S": "100"}
     try:
-        codes, (first, second), took = _srun(
+        codes, (first, second), ended = _srun(
             ["debug=tiny", *data_overrides, "device=cpu", f"hydra.run.dir={run_dir}"], tmp_path, env, timeout=90
         )
         assert codes == [2, 1], first[-2000:] + second[-2000:]
         assert f"error: {run_dir} is being trained by process {os.getpid()}" in first, first[-2000:]
         assert f"error: process 1 of 2 stops because process 0 of 2 failed: {run_dir} is being trained" in second, second
-        assert took < 60, took
+        assert ended[1] - ended[0] < 20, ended  # (not the rendezvous's 100 s)
         assert json.loads((run_dir / ".lock").read_text())["pid"] == os.getpid()
     finally:
         owner.release()
@@ -532,14 +547,17 @@ def test_under_srun_another_rank_s_failure_is_rank_0_s_record_and_frees_the_run(
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
     run_dir = tmp_path / "run"
     args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=30", f"hydra.run.dir={run_dir}"]
-    codes, (first, second), took = _srun(args, tmp_path, env, timeout=90)
-    assert codes == [2 if rank_0_sees else 1, 1], first[-2000:] + second[-2000:]
+    codes, (first, second), ended = _srun(args, tmp_path, env, timeout=90)
+    # Blind, rank 0 is ended by its listener (exit status 1). Seeing its collective fail, it ends by
+    # itself (2), unless rank 1 took longer than the listener's grace (GRACE_S) to exit and close its
+    # connections, as on a loaded machine: then the listener ends it first, saying the same.
+    assert codes[0] in ((1, 2) if rank_0_sees else (1,)) and codes[1] == 1, first[-2000:] + second[-2000:]
     assert "error: process 0 of 2 stops because process 1 of 2 failed: RuntimeError: CUDA error" in first, first[-2000:]
     assert "Traceback" not in first, first[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "process 1 of 2 failed: RuntimeError: CUDA error" in summary["error"], summary
     assert not (run_dir / ".lock").exists()
-    assert took < 60, took
+    assert ended[0] - ended[1] < 20, ended
 
 
 @pytest.mark.slow
@@ -560,10 +578,10 @@ def test_under_srun_rank_0_failing_alone_after_the_others_finished_exits_promptl
     )
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
     args = ["debug=tiny", *data_overrides, "device=cpu", "train.max_iters=10", f"hydra.run.dir={tmp_path / 'run'}"]
-    codes, (first, second), took = _srun(args, tmp_path, env, timeout=90)
+    codes, (first, second), ended = _srun(args, tmp_path, env, timeout=90)
     assert codes == [2, 0], first[-2000:] + second[-2000:]
     assert "error: could not write the closing lines" in first, first[-2000:]
-    assert took < 20, took  # (30 s and more when rank 0 waited for rank 1 to hear)
+    assert ended[0] - ended[1] < 10, ended  # (30 s after rank 1 when rank 0 waited for it to hear)
 
 
 @pytest.mark.slow
@@ -583,10 +601,10 @@ def test_under_srun_a_peer_killed_outright_stops_rank_0_promptly(tmp_path, data_
     )
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": hooks}
     args = ["debug=tiny", *data_overrides, "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"]
-    codes, (first, _), took = _srun(args, tmp_path, env, timeout=90)
+    codes, (first, _), ended = _srun(args, tmp_path, env, timeout=90)
     assert codes == [2, -9], first[-2000:]
     assert "error: process 0 of 2 stopped because another process of this run exited" in first, first[-2000:]
-    assert took < 20, took
+    assert ended[0] - ended[1] < 15, ended
 
 
 @pytest.mark.slow
@@ -608,11 +626,11 @@ def test_under_srun_a_rank_waiting_where_it_cannot_see_a_peer_fail_is_stopped(tm
     )
     env = {**os.environ, "TINYGPT_DATA_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONPATH": blind}
     args = ["data=local", f"data.source.path={corpus}", "data.tokenizer.kind=char", "device=cpu"]
-    codes, (first, second), took = _srun([*args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path, env, timeout=90)
+    codes, (first, second), ended = _srun([*args, f"hydra.run.dir={tmp_path / 'bad'}"], tmp_path, env, timeout=90)
     assert codes == [2, 1], first[-2000:] + second[-2000:]
     assert "error: the corpus is empty" in first, first[-2000:]
     assert "error: process 1 of 2 stops because process 0 of 2 failed: the corpus is empty" in second, second[-2000:]
-    assert took < 60, took
+    assert ended[1] - ended[0] < 20, ended  # (not the 600 s wait)
 
     env["PYTHONPATH"] = str(REPO)
     good = tmp_path / "good"
