@@ -75,6 +75,15 @@ def gpt2_ranks() -> Path:
     return SHARED_RANKS
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark `shared` the tests that need ../shared/ and skip without it (GPT-2's real ranks, via
+    the gpt2_ranks fixture; test_device_script.py marks itself): CI runs them where ../shared/
+    is, and every other fast test in an empty environment (.ci/run), each test once."""
+    for item in items:
+        if "gpt2_ranks" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _offline_tiktoken(tmp_path_factory):
     """Seed a private tiktoken cache so get_encoding("gpt2"/"r50k_base") works offline (also in

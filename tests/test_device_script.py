@@ -21,6 +21,8 @@ import pytest
 
 from helpers import REPO, SHARED_TEXT
 
+pytestmark = pytest.mark.shared  # the baby GPT's recipe checks the real corpus's sha256 (_env skips without it)
+
 SECTIONS = (
     "## Environment",
     "## (a) CUDA tests",

@@ -187,9 +187,21 @@ class EvalConfig(ModelChoice, DeviceSettings):
 
 @dataclass
 class ExportConfig(ModelChoice):
-    """`tinygpt export`: a checkpoint to a Hugging Face folder (GPT-2, Llama, Qwen2/3, or tinygpt's own with its modeling code)."""
+    """`tinygpt export`: a checkpoint to a Hugging Face folder (GPT-2, Llama, Qwen2/3, or tinygpt's own with its
+    modeling code), or to one GGUF file for llama.cpp, Ollama and LM Studio (format=gguf)."""
 
-    out: str = MISSING  # the folder to write
+    out: str = MISSING  # the folder to write (format=gguf: the .gguf file)
+    format: str = "hf"  # hf (a Hugging Face folder) | gguf (one llama.cpp file: gpt2, llama, qwen2 or qwen3)
+    quant: str | None = None  # format=gguf: f32 | f16 | q8_0 (null: f32); the matrices' type, vectors stay f32
+
+    def __post_init__(self) -> None:
+        check_types(self, "")
+        if self.format not in ("hf", "gguf"):
+            raise TinyGPTError(f"format={self.format!r} is unknown; use hf (a Hugging Face folder) or gguf (llama.cpp)")
+        if self.quant is not None and self.format != "gguf":
+            raise TinyGPTError(f"quant={self.quant} is a GGUF setting; add format=gguf (a Hugging Face folder keeps fp32)")
+        if self.quant is not None and self.quant not in ("f32", "f16", "q8_0"):
+            raise TinyGPTError(f"quant={self.quant!r} is not a GGUF type tinygpt writes; use f32, f16 or q8_0")
 
 
 @dataclass

@@ -6,6 +6,7 @@
     llama.py   LlamaForCausalLM, and its relatives Qwen2ForCausalLM and Qwen3ForCausalLM
     tinygpt.py any other block: the export carries its modeling code (modeling_tinygpt.py,
                loaded with trust_remote_code=True)
+    gguf.py    llama.cpp's one-file format, out only (`tinygpt export format=gguf`)
 
 A family module offers `check(folder, config)` (refuses what it cannot compute, weights
 unread), `load(folder, config, dropout, mapped) -> (GPT, tokenizer dict | None)` (`mapped`: the

@@ -278,7 +278,7 @@ def write_table_tokenizer_files(tokenizer, out: Path, max_length: int) -> None:
         tok.decoder = decoders.Fuse()
         eot = None
     else:
-        to_unicode = _bytes_to_unicode()
+        to_unicode = bytes_to_unicode()
         tok = Tokenizer(models.BPE(vocab={to_unicode[b]: b for b in range(256)}, merges=[]))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         tok.decoder = decoders.ByteLevel()
@@ -304,7 +304,7 @@ def write_fast_tokenizer_files(tokenizer: HFTokenizer, out: Path, max_length: in
     io.write_json(out / "tokenizer_config.json", config, indent=2)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to code points
     from 256 up, so every byte string is a printable string (the format of vocab.json)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -318,12 +318,13 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
-    """vocab.json + merges.txt (what GPT2Tokenizer reads) from tiktoken's ranks. A merge is
-    recovered by running BPE on a token's bytes with only the lower-ranked tokens: the two
-    parts left at the end are the pair that merges into it."""
+def gpt2_vocab_and_merges(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[str]]:
+    """GPT-2's vocab.json (byte-level token text -> id, end-of-text included) and merges from
+    tiktoken's ranks, which hold no merges. A merge is recovered by running BPE on a token's
+    bytes with only the lower-ranked tokens: the two parts left at the end are the pair that
+    merges into it."""
     ranks = tokenizer.enc._mergeable_ranks
-    to_unicode = _bytes_to_unicode()
+    to_unicode = bytes_to_unicode()
     show = lambda b: "".join(to_unicode[x] for x in b)  # noqa: E731
     vocab = {show(token): rank for token, rank in ranks.items()}
     vocab[next(iter(tokenizer.enc._special_tokens))] = tokenizer.eot_id
@@ -339,6 +340,12 @@ def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
             parts[best : best + 2] = [parts[best] + parts[best + 1]]
         if len(parts) == 2:
             merges.append(f"{show(parts[0])} {show(parts[1])}")
+    return vocab, merges
+
+
+def write_gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, out: Path) -> None:
+    """vocab.json + merges.txt (what GPT2Tokenizer reads) from tiktoken's ranks."""
+    vocab, merges = gpt2_vocab_and_merges(tokenizer)
     io.write_bytes(out / "vocab.json", json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
     io.write_bytes(out / "merges.txt", ("#version: 0.2\n" + "\n".join(merges) + "\n").encode("utf-8"))
     # tinygpt encodes text as ordinary text: "<|endoftext|>" spelt out in a corpus or a prompt is

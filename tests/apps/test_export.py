@@ -83,6 +83,9 @@ def test_the_quickstarts_block_exports_with_its_modeling_code(tmp_path, data_roo
     idx = torch.randint(0, ours.config.vocab_size, (2, 16))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+    gguf = run_script("export", [f"run_dir={tmp_path / 'run'}", "format=gguf", f"out={tmp_path / 'q.gguf'}"], tmp_path, root)
+    assert_one_line_error(gguf, "llama.cpp has no architecture for this model's block", "model=llama-nano")
+    assert not (tmp_path / "q.gguf").exists()
     lstm = run_script("train.py", ["debug=tiny", *data, "model=lstm", f"hydra.run.dir={tmp_path / 'lstm'}"], tmp_path, root)
     assert lstm.returncode == 0, lstm.stderr[-2000:]
     refused = run_script("export", [f"run_dir={tmp_path / 'lstm'}", f"out={tmp_path / 'hf-lstm'}"], tmp_path, root)
@@ -171,3 +174,40 @@ def test_a_gpt2_bpe_run_pads_its_tables_and_exports_the_tokenizer_s_vocabulary(t
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         rows = {f.get_slice(k).get_shape()[0] for k in f.keys() if k.endswith(("wte.weight", "lm_head.weight"))}
     assert rows == {50257}
+
+
+def test_refusals_are_one_line_and_write_nothing(tmp_path, trained_run, data_root):
+    """The quickstart's block (no llama.cpp architecture) names the presets that export; a
+    folder, a name without .gguf and a file of something else are refused; quant without
+    format=gguf too. Nothing is written, the other file is untouched."""
+    _, run_dir, _ = trained_run
+    root, _ = data_root
+    export = lambda *args: run_script("export", [f"run_dir={run_dir}", "format=gguf", *args], tmp_path, root)  # noqa: E731
+    other = tmp_path / "notes.gguf"
+    other.write_text("mine")
+    assert_one_line_error(export(f"out={other}"), "is not a GGUF file")
+    assert other.read_text() == "mine"
+    assert_one_line_error(export(f"out={tmp_path}"), "does not end in .gguf")
+    proc = run_script("export", [f"run_dir={run_dir}", "quant=q8_0", f"out={tmp_path / 'hf'}"], tmp_path, root)
+    assert_one_line_error(proc, "quant=q8_0 is a GGUF setting; add format=gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.gguf"]
+
+
+def test_export_command_writes_a_file_transformers_reads(tmp_path, trained_run, data_root):
+    """`tinygpt export format=gguf` of the shared run (GPT-2's block, exact GELU: the command
+    says llama.cpp computes the tanh approximation); a second export replaces the first."""
+    _, run_dir, _ = trained_run
+    root, _ = data_root
+    out = tmp_path / "m.gguf"
+    for quant in ("q8_0", "f32"):
+        proc = run_script("export", [f"run_dir={run_dir}", "format=gguf", f"quant={quant}", f"out={out}"], tmp_path, root)
+        assert proc.returncode == 0, proc.stderr
+        assert f"(GGUF gpt2, {quant}: llama-cli -m {out}) (llama.cpp's gpt2 computes GELU's tanh" in proc.stdout
+    ours = loading.load(str(run_dir)).model
+    # (n_positions: transformers' GGUF reader does not read gpt2's context_length; see tests/interop/test_gguf.py)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, n_positions=ours.config.block_size)
+    idx = torch.randint(0, ours.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        diff = (theirs.eval()(idx).logits - ours(idx)[0]).abs().max().item()
+    assert diff < 1e-2  # GPT-2's tanh GELU in transformers against the run's exact GELU
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".gguf") == ["m.gguf"]
