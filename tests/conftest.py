@@ -77,10 +77,15 @@ def gpt2_ranks() -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """Mark `shared` the tests that need ../shared/ and skip without it (GPT-2's real ranks, via
-    the gpt2_ranks fixture; test_device_script.py marks itself): CI runs them where ../shared/
+    the gpt2_ranks fixture, or asked for by name in a test's tiktoken case; test_device_script.py
+    marks itself): CI runs them where ../shared/
     is, and every other fast test in an empty environment (.ci/run), each test once."""
+    asks = {}  # module path -> whether it asks for the ranks by name (request.getfixturevalue) in tiktoken's cases
     for item in items:
-        if "gpt2_ranks" in getattr(item, "fixturenames", ()):
+        path = str(item.path)
+        if path not in asks:
+            asks[path] = 'getfixturevalue("gpt2_ranks")' in item.path.read_text(encoding="utf-8")
+        if "gpt2_ranks" in getattr(item, "fixturenames", ()) or (asks[path] and "tiktoken" in item.name):
             item.add_marker(pytest.mark.shared)
 
 
